@@ -1,0 +1,1 @@
+"""Tokenizers and chat templates built from GGUF metadata alone."""
