@@ -1,0 +1,177 @@
+"""`edgeinfer info MODEL`: what is in a GGUF file, and the memory it needs before it runs."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from edgeinfer import memory_plan
+from edgeinfer.gguf_reader import GGUFFile, read_gguf
+from edgeinfer.hub import MODELS, resolve_model
+from edgeinfer.model_config import ModelConfig
+
+
+class KVDtype(str, Enum):
+    f16 = "f16"
+    f32 = "f32"
+
+
+def type_histogram(g: GGUFFile) -> dict[str, dict[str, int]]:
+    """Tensor type name -> tensor count, parameters and bytes, largest first."""
+    hist: dict[str, dict[str, int]] = defaultdict(lambda: {"tensors": 0, "params": 0, "bytes": 0})
+    for t in g.tensors.values():
+        row = hist[t.qtype.name]
+        row["tensors"] += 1
+        row["params"] += t.n_elements
+        row["bytes"] += t.nbytes
+    return dict(sorted(hist.items(), key=lambda kv: -kv[1]["bytes"]))
+
+
+def gather(path: Path, ctx: int | None, parallel: int, kv_dtype: str) -> dict:
+    """Everything `info` reports, as one JSON-able dict (the --json output)."""
+    with read_gguf(path) as g:
+        cfg = ModelConfig.from_gguf(g)
+        plan = memory_plan.plan(cfg, g, ctx=ctx, parallel=parallel, kv_dtype=kv_dtype)
+        tensor_bytes = memory_plan.weights_bytes(g)
+        return {
+            "path": str(path),
+            "file_size": g.file_size,
+            "gguf_version": g.version,
+            "architecture": cfg.arch,
+            "name": cfg.name,
+            "n_params": cfg.n_params,
+            "bits_per_weight": round(tensor_bytes * 8 / cfg.n_params, 3) if cfg.n_params else 0,
+            "tensor_types": type_histogram(g),
+            "n_layers": cfg.n_layers,
+            "n_embd": cfg.n_embd,
+            "n_ff": cfg.n_ff,
+            "n_heads": cfg.n_heads,
+            "n_kv_heads": cfg.n_kv_heads,
+            "head_dim": cfg.head_dim,
+            "v_head_dim": cfg.v_head_dim,
+            "context_length": cfg.ctx_len,
+            "vocab_size": cfg.vocab_size,
+            "sliding_window": cfg.sliding_window,
+            "tied_output": cfg.tied_output,
+            "tokenizer": {
+                "model": g.get("tokenizer.ggml.model"),
+                "pre": g.get("tokenizer.ggml.pre"),
+            },
+            "chat_template": g.get("tokenizer.chat_template") is not None,
+            "memory": plan.as_dict(),
+        }
+
+
+def human_bytes(n: int | float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def human_count(n: int) -> str:
+    if n >= 1e9:
+        return f"{n / 1e9:.2f} B"
+    return f"{n / 1e6:.1f} M" if n >= 1e6 else f"{n / 1e3:.1f} K"
+
+
+def render(info: dict) -> str:
+    """The human-readable report; every line but the file path fits in 80 columns."""
+    tok = info["tokenizer"]
+    tok_kind = f"{tok['model']} (pre: {tok['pre']})" if tok["pre"] else str(tok["model"])
+    lines = [
+        f"{info['name']}",
+        f"  file          {info['path']}",
+        f"  architecture  {info['architecture']}   (GGUF v{info['gguf_version']})",
+        f"  parameters    {human_count(info['n_params'])}   file {human_bytes(info['file_size'])}"
+        f"   {info['bits_per_weight']:.2f} bits/weight",
+        f"  layers        {info['n_layers']}   embedding {info['n_embd']}   FFN {info['n_ff']}",
+        f"  attention     heads {info['n_heads']}   KV heads {info['n_kv_heads']}   "
+        f"head dim {info['head_dim']}" + _v_dim(info),
+        f"  context       {info['context_length']} tokens   vocab {info['vocab_size']}",
+        f"  tokenizer     {tok_kind}   chat template: "
+        + ("yes" if info["chat_template"] else "no"),
+    ]
+    mem = info["memory"]
+    if mem["sliding_layers"]:
+        lines.append(
+            f"  sliding       window {mem['sliding_window']} tokens on "
+            f"{mem['sliding_layers']} of {info['n_layers']} layers"
+        )
+    lines.append("tensor types")
+    for name, row in info["tensor_types"].items():
+        lines.append(
+            f"  {name:<6} {row['tensors']:5d} tensors {human_count(row['params']):>10} params "
+            f"{human_bytes(row['bytes']):>11}"
+        )
+    lines += render_plan(mem)
+    if mem["ctx"] > info["context_length"]:
+        lines.append(f"  note: ctx {mem['ctx']} is beyond the trained {info['context_length']}")
+    return "\n".join(lines)
+
+
+def _v_dim(info: dict) -> str:
+    return "" if info["v_head_dim"] == info["head_dim"] else f" (V {info['v_head_dim']})"
+
+
+def render_plan(mem: dict) -> list[str]:
+    repacked = mem["repacked_bytes"]
+    limit = "model limit" if mem["max_ctx_limit"] == "model" else "memory limit"
+    rows = [
+        ("weights (memory-mapped)", human_bytes(mem["weights_bytes"]), ""),
+        ("repacked weights", "not estimated" if repacked is None else human_bytes(repacked), ""),
+        (
+            "KV cache",
+            human_bytes(mem["kv_bytes"]),
+            f"{human_bytes(mem['kv_bytes_per_token'])}/token, {mem['block_tokens']}-token blocks",
+        ),
+    ]
+    if mem["sliding_layers"]:
+        rows.append(
+            (
+                "KV if window-capped",
+                human_bytes(mem["kv_bytes_window_capped"]),
+                f"{mem['sliding_layers']} sliding layers, window {mem['sliding_window']}",
+            )
+        )
+    rows += [
+        (
+            "activations",
+            human_bytes(mem["activation_bytes"]),
+            f"{min(mem['prefill_chunk'], mem['ctx'])}-token prefill chunk + logits",
+        ),
+        ("total", human_bytes(mem["total_bytes"]), ""),
+        ("RAM available now", human_bytes(mem["available_bytes"]), ""),
+        ("fits", "yes" if mem["fits"] else "NO", ""),
+        ("largest context", f"{mem['max_ctx']} tokens", f"per sequence, {limit}"),
+    ]
+    seqs = "sequence" if mem["parallel"] == 1 else "sequences"
+    out = [f"memory plan: ctx {mem['ctx']} x {mem['parallel']} {seqs}, KV cache {mem['kv_dtype']}"]
+    for label, value, note in rows:
+        out.append(f"  {label:<24}{value:>13}" + (f"   ({note})" if note else ""))
+    return out
+
+
+def info(
+    model: Annotated[
+        str, typer.Argument(help=f"a .gguf file or a short name ({', '.join(MODELS)})")
+    ],
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
+    ctx: Annotated[
+        int | None,
+        typer.Option(
+            min=1, help="tokens per sequence (default: the model's context length, at most 4096)"
+        ),
+    ] = None,
+    parallel: Annotated[int, typer.Option(min=1, help="concurrent sequences")] = 1,
+    kv_dtype: Annotated[KVDtype, typer.Option(help="KV cache element type")] = KVDtype.f16,
+) -> None:
+    """Show a model's metadata, tensor types and memory plan."""
+    data = gather(resolve_model(model), ctx, parallel, kv_dtype.value)
+    typer.echo(json.dumps(data, indent=2) if as_json else render(data))

@@ -1,0 +1,164 @@
+"""Memory plan: what a model needs in RAM for a context length and a number of sequences.
+
+Users run out of memory because the KV cache was never counted, so `edgeinfer info` adds up
+weights + KV cache + activations before anything runs, and finds the largest context that fits.
+
+KV cache: every layer stores K (head_dim) and V (v_head_dim) per KV head per token, in 16-token
+blocks (so a sequence's tokens round up to whole blocks). edgeinfer's cache gives all layers one
+block table, so today every layer keeps every token and that is what `kv_bytes`, `fits` and
+`max_ctx` count. A sliding-window layer (gemma3) only ever attends to its last `window` tokens;
+a cache that dropped older blocks there would need only the blocks of one window plus the
+partly filled block at its edge: `kv_bytes_window_capped` reports that lower bound.
+
+Activations (one layer at a time, buffers reused across layers), for a prefill chunk of
+T = min(512, ctx) tokens in float32:
+    T × (2·n_embd + q_dim + k_dim + v_dim + attn_out_dim + 2·n_ff) × 4   residual, norm,
+        q/k/v, attention output, FFN gate and up (the activation is applied in place)
+  + parallel × vocab × 4                             logits of the last position of each sequence
+Attention is computed tile by tile with an online softmax, so no [T, ctx] score matrix exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import psutil
+
+from edgeinfer.gguf_reader import GGUFFile
+from edgeinfer.model_config import ModelConfig
+
+BLOCK_TOKENS = 16
+PREFILL_CHUNK = 512
+# The context the runtime uses when none is given (the model's, capped: 32k-token KV caches
+# surprise people).
+DEFAULT_CTX = 4096
+KV_DTYPE_BYTES = {"f16": 2, "f32": 4}
+ACTIVATION_FORMULA = (
+    "min(512, ctx) x (2*n_embd + q_dim + k_dim + v_dim + attn_out_dim + 2*n_ff) x 4 B"
+    " + parallel x vocab x 4 B (logits)"
+)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    ctx: int  # tokens per sequence
+    parallel: int  # sequences
+    kv_dtype: str
+    weights_bytes: int  # tensor bytes, memory-mapped from the file
+    repacked_bytes: int | None  # kernels' load-time copies (None: not estimated)
+    kv_bytes_per_token: int  # all layers, one token of one sequence
+    sliding_layers: int  # layers that attend only to a window of recent tokens
+    sliding_window: int | None
+    kv_bytes: int  # ctx × parallel in whole 16-token blocks, every layer every token
+    kv_bytes_window_capped: int  # the same if sliding layers kept only their window
+    activation_bytes: int
+    total_bytes: int
+    available_bytes: int  # psutil.virtual_memory().available when planned
+    fits: bool
+    max_ctx: int  # largest per-sequence context that fits with `parallel` (0: none)
+    max_ctx_limit: str  # "memory" or "model" (the trained context length capped it)
+    block_tokens: int = BLOCK_TOKENS
+    prefill_chunk: int = PREFILL_CHUNK
+    activation_formula: str = ACTIVATION_FORMULA
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _blocks(tokens: int) -> int:
+    return -(-tokens // BLOCK_TOKENS)
+
+
+def kv_layer_bytes_per_token(cfg: ModelConfig, kv_dtype: str) -> int:
+    return cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim) * KV_DTYPE_BYTES[kv_dtype]
+
+
+def n_sliding_layers(cfg: ModelConfig) -> int:
+    return sum(cfg.is_sliding(i) for i in range(cfg.n_layers))
+
+
+def kv_bytes(
+    cfg: ModelConfig, ctx: int, parallel: int, kv_dtype: str, window_capped: bool = False
+) -> int:
+    """KV cache bytes for `parallel` sequences of `ctx` tokens each, in whole blocks."""
+    per_layer_block = kv_layer_bytes_per_token(cfg, kv_dtype) * BLOCK_TOKENS
+    full_blocks = _blocks(ctx)
+    n_sliding = n_sliding_layers(cfg) if window_capped else 0
+    window_blocks = min(full_blocks, _blocks(cfg.sliding_window or ctx) + 1)
+    blocks = (cfg.n_layers - n_sliding) * full_blocks + n_sliding * window_blocks
+    return blocks * per_layer_block * parallel
+
+
+def activation_bytes(cfg: ModelConfig, ctx: int, parallel: int) -> int:
+    tokens = min(PREFILL_CHUNK, ctx)
+    q_dim = cfg.n_heads * cfg.head_dim
+    kv_dim = cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim)
+    attn_out_dim = cfg.n_heads * cfg.v_head_dim
+    per_token = 2 * cfg.n_embd + q_dim + kv_dim + attn_out_dim + 2 * cfg.n_ff
+    return tokens * per_token * 4 + parallel * cfg.vocab_size * 4
+
+
+def weights_bytes(g: GGUFFile) -> int:
+    return sum(t.nbytes for t in g.tensors.values())
+
+
+def _needed(cfg, fixed: int, ctx: int, parallel: int, kv_dtype: str) -> int:
+    return fixed + kv_bytes(cfg, ctx, parallel, kv_dtype) + activation_bytes(cfg, ctx, parallel)
+
+
+def _max_ctx(cfg, fixed: int, parallel: int, kv_dtype: str, available: int) -> tuple[int, str]:
+    """Largest ctx (whole blocks, at most the trained context) whose total fits `available`."""
+    if _needed(cfg, fixed, cfg.ctx_len, parallel, kv_dtype) <= available:
+        return cfg.ctx_len, "model"
+    lo, hi = 0, _blocks(cfg.ctx_len)  # in blocks; need(lo) fits (or lo = 0), need(hi) does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _needed(cfg, fixed, mid * BLOCK_TOKENS, parallel, kv_dtype) <= available:
+            lo = mid
+        else:
+            hi = mid
+    return lo * BLOCK_TOKENS, "memory"
+
+
+def plan(
+    cfg: ModelConfig,
+    g: GGUFFile,
+    ctx: int | None = None,
+    parallel: int = 1,
+    kv_dtype: str = "f16",
+    repacked_bytes: int | None = None,
+    available_bytes: int | None = None,
+) -> MemoryPlan:
+    """The memory plan for `parallel` sequences of `ctx` tokens (default: the model's context
+    length, at most DEFAULT_CTX); available_bytes defaults to the RAM available now."""
+    if kv_dtype not in KV_DTYPE_BYTES:
+        raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPE_BYTES)}, got {kv_dtype!r}")
+    ctx = min(cfg.ctx_len, DEFAULT_CTX) if ctx is None else ctx
+    if ctx < 1 or parallel < 1:
+        raise ValueError("ctx and parallel must be at least 1")
+    if available_bytes is None:
+        available_bytes = psutil.virtual_memory().available
+    weights = weights_bytes(g)
+    fixed = weights + (repacked_bytes or 0)
+    kv = kv_bytes(cfg, ctx, parallel, kv_dtype)
+    act = activation_bytes(cfg, ctx, parallel)
+    total = fixed + kv + act
+    max_ctx, limit = _max_ctx(cfg, fixed, parallel, kv_dtype, available_bytes)
+    return MemoryPlan(
+        ctx=ctx,
+        parallel=parallel,
+        kv_dtype=kv_dtype,
+        weights_bytes=weights,
+        repacked_bytes=repacked_bytes,
+        kv_bytes_per_token=cfg.n_layers * kv_layer_bytes_per_token(cfg, kv_dtype),
+        sliding_layers=n_sliding_layers(cfg),
+        sliding_window=cfg.sliding_window,
+        kv_bytes=kv,
+        kv_bytes_window_capped=kv_bytes(cfg, ctx, parallel, kv_dtype, window_capped=True),
+        activation_bytes=act,
+        total_bytes=total,
+        available_bytes=available_bytes,
+        fits=total <= available_bytes,
+        max_ctx=max_ctx,
+        max_ctx_limit=limit,
+    )
