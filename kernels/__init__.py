@@ -1,1 +1,50 @@
-"""edgeinfer.kernels"""
+"""edgeinfer.kernels: dequantization and matmul on GGML-typed weights, straight from file bytes.
+
+    dequantize(data, qtype, shape) -> float32 array of `shape`   (bit-exact with gguf.quants)
+    QuantWeight.from_raw(data, qtype, shape)   .shape (out, in) .qtype .nbytes .extra_nbytes
+    matmul(x, w)      # x: float32[n, in], w: [out, in] -> float32[n, out]
+    embedding(w, ids) # w: [vocab, dim], ids: int[n] -> float32[n, dim]
+    set_threads(n) / get_threads()
+
+One unit per GGML type lives in its own module and registers itself in `registry` (see its
+docstring for the unit interface).
+"""
+
+if __name__ != "edgeinfer.kernels":
+    # Numba's on-disk cache records the module name; the same files imported as a top-level
+    # `kernels` (cwd on sys.path) would write entries that `edgeinfer.kernels` cannot load.
+    raise ImportError(f"import this package as edgeinfer.kernels, not {__name__}")
+
+import numpy as np  # noqa: E402
+
+from . import threads  # noqa: E402
+from .matmul import embedding, matmul
+from .registry import QuantType, UnsupportedTypeError, as_qtype, get_unit, register, supported_types
+from .threads import get_threads, set_threads
+from .weight import QuantWeight, raw_rows
+
+
+def dequantize(data: np.ndarray, qtype, shape) -> np.ndarray:
+    """data: a tensor's bytes as in the file (uint8); shape: rows-first -> float32[shape]."""
+    unit = get_unit(as_qtype(qtype))
+    shape = tuple(int(s) for s in shape)
+    raw = raw_rows(data, unit, shape)
+    out = np.empty((raw.shape[0], shape[-1]), np.float32)
+    threads.apply()
+    unit.dequantize_rows(raw, out)
+    return out.reshape(shape)
+
+
+__all__ = [
+    "QuantType",
+    "QuantWeight",
+    "UnsupportedTypeError",
+    "dequantize",
+    "embedding",
+    "get_threads",
+    "get_unit",
+    "matmul",
+    "register",
+    "set_threads",
+    "supported_types",
+]

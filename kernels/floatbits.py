@@ -1,0 +1,46 @@
+"""float16 / bfloat16 -> float32 from raw bits inside Numba kernels (Numba has no float16 math)."""
+
+import numpy as np
+from numba import njit
+
+_F32_MAGIC = np.float32(2.0**112)  # rebias a float16 exponent (bias 15) to float32 (bias 127)
+
+
+@njit(cache=True, inline="always")
+def half_to_float(h):
+    """h: float16 bits (any unsigned int) -> float32, exactly as numpy's astype(np.float32)."""
+    h = np.uint32(h)
+    sign = (h & np.uint32(0x8000)) << np.uint32(16)
+    em = h & np.uint32(0x7FFF)
+    if em >= np.uint32(0x7C00):
+        # inf / NaN: keep the payload, as numpy does
+        return np.uint32(
+            sign | np.uint32(0x7F800000) | (em & np.uint32(0x3FF)) << np.uint32(13)
+        ).view(np.float32)
+    # Shifting exponent+mantissa into float32 position and scaling by 2^112 is exact for normal
+    # and subnormal halves alike (a subnormal half lands on a float32 subnormal).
+    f = np.float32(np.uint32(em << np.uint32(13)).view(np.float32) * _F32_MAGIC)
+    return np.uint32(f.view(np.uint32) | sign).view(np.float32)
+
+
+@njit(cache=True, inline="always")
+def load_half(raw, row, off):
+    """raw: uint8[rows, row_bytes]; the little-endian float16 at byte `off` of `row` -> float32."""
+    return half_to_float(np.uint32(raw[row, off]) | np.uint32(raw[row, off + 1]) << np.uint32(8))
+
+
+@njit(cache=True, inline="always")
+def bf16_to_float(h):
+    """h: bfloat16 bits -> float32 (bfloat16 is the top half of a float32)."""
+    return np.uint32(np.uint32(h) << np.uint32(16)).view(np.float32)
+
+
+@njit(cache=True, inline="always")
+def load_u32(raw, row, off):
+    """raw: uint8[rows, row_bytes]; the little-endian uint32 at byte `off` of `row`."""
+    return (
+        np.uint32(raw[row, off])
+        | np.uint32(raw[row, off + 1]) << np.uint32(8)
+        | np.uint32(raw[row, off + 2]) << np.uint32(16)
+        | np.uint32(raw[row, off + 3]) << np.uint32(24)
+    )

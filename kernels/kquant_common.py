@@ -1,0 +1,53 @@
+"""What the K-quant units (Q2_K ... Q6_K) share: 256-weight super-blocks, f16 block scales read
+from the raw bytes, the 6-bit scale/min packing of Q4_K/Q5_K, and the small-n matmul driver.
+
+Scales stay in the file's bytes (no repack, extra_nbytes = 0): unpacking them costs a few integer
+operations per 256 weights, little next to the weights' own unpacking.
+
+Small-n matmul: x is quantized like llama.cpp's q8_K (int8 per 256-block with one float scale,
+plus sums of every 16 int8 values, which fold the K-quant minimums/offsets out of the inner loop).
+The inner loops accumulate integer products in int32 (`I32(s + a * b)`): Numba types integer
+arithmetic as int64, and the truncation is what lets LLVM narrow the loop to 16-bit
+multiply-adds (pmaddwd on x86); plain int64 or float dequant-in-register inner loops measured
+1.5-3x slower. Indexing through per-block slices (`blk = w[o : o + TYPE_SIZE]`) with constant
+offsets lets LLVM drop Numba's negative-index checks, which otherwise turn vector loads into
+byte-by-byte gathers.
+"""
+
+import numpy as np
+from numba import njit
+
+from .act_quant import quantize_act
+from .floatbits import half_to_float
+
+QK_K = 256
+SUM_GROUP = 16  # activation sums per 16 values: the finest scale group of any K-quant
+I32 = np.int32
+
+
+# w: uint8 bytes, off: byte offset of a little-endian float16 -> float32
+@njit(cache=True, inline="always")
+def f16_at(w, off):
+    return half_to_float(np.uint32(w[off]) | (np.uint32(w[off + 1]) << np.uint32(8)))
+
+
+# w: uint8 bytes, off: offset of a Q4_K/Q5_K block's 12 scale bytes, j: sub-block 0..7
+# -> (scale, min), 6 bits each
+@njit(cache=True, inline="always")
+def scale_min_k4(w, off, j):
+    if j < 4:
+        return I32(w[off + j] & 63), I32(w[off + j + 4] & 63)
+    sc = (w[off + j + 4] & 0x0F) | ((w[off + j - 4] >> 6) << 4)
+    m = (w[off + j + 4] >> 4) | ((w[off + j] >> 6) << 4)
+    return I32(sc), I32(m)
+
+
+def make_matmul_small(kernel):
+    """kernel(raw, xq, xd, xs, y) -> a unit's `matmul_small(packed, x, out)`."""
+
+    def matmul_small(packed, x, out):
+        # x: [n, in] float32, packed[0]: raw [out, row_bytes] -> out: [n, out]
+        xq, xd, xs = quantize_act(x, QK_K, SUM_GROUP)
+        kernel(packed[0], xq, xd, xs, out)
+
+    return matmul_small

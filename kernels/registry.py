@@ -1,0 +1,131 @@
+"""One kernel unit per GGML tensor type, keyed by `GGMLQuantizationType`.
+
+A unit module (`kernels/q4_0.py`, `kernels/q4_k.py`, ...) builds one `QuantType` and calls
+`register(UNIT)` at import time; `get_unit(qtype)` imports every module in `UNIT_MODULES` on
+first use, so `import edgeinfer.kernels` stays cheap and adding a type is one new file plus one
+name here.
+
+Unit interface (what a unit module provides):
+
+- `block_size`, `type_size`: elements and bytes per block (`gguf.GGML_QUANT_SIZES`).
+- `dequantize_rows(raw, out)`: `@njit(parallel=True, cache=True)` (or plain numpy for floats);
+  raw: uint8[rows, row_bytes] (C-contiguous), out: float32[rows, cols] -> None.
+  Bit-exact with `gguf.quants.dequantize`: compute exactly its float32 expression (no fastmath,
+  no FMA contraction). The generic large-n matmul and `embedding` are built on it.
+- `repack(raw) -> tuple[np.ndarray, ...]`: load-time layout for the small-n kernel, called once per
+  weight with raw: uint8[out, row_bytes] (a view of the memory-mapped file). Return views of `raw`
+  where possible; arrays that are not views count as the weight's `extra_nbytes`, which must stay
+  <= 10 % of `raw.nbytes`. Default: `(raw,)`.
+- `matmul_small(packed, x, out)`: fused dequant-matmul for small n, never materialising W in
+  float; packed: the tuple from `repack`, x: float32[n, in] (C), out: float32[n, out] (C) -> None.
+  Multi-threaded with prange (the caller has applied the `kernels.threads` knob); BLAS-backed
+  work is split with `kernels.threads.run_split` (BLAS itself runs single-threaded).
+  Integer-activation kernels quantize x with `kernels.act_quant.quantize_act(x, block, group)`.
+- `small_n_max`: largest n routed to `matmul_small` (matmul_small None: no fused kernel);
+  larger n go to the generic path in `kernels/matmul.py` (dequantize cache-sized row tiles with
+  `dequantize_rows`, multiply with BLAS). Set it from measurement: the n where the tiled
+  path becomes faster (6-8 for Q4_0, Q4_1, Q8_0 on a 2-core AVX2 EPYC).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from edgeinfer.errors import EdgeInferError
+
+# Unit modules in this package; each registers the types it implements when imported.
+UNIT_MODULES = (
+    "f32",
+    "f16",
+    "bf16",
+    "q4_0",
+    "q4_1",
+    "q5_0",
+    "q5_1",
+    "q8_0",
+    "q2_k",
+    "q3_k",
+    "q4_k",
+    "q5_k",
+    "q6_k",
+)
+
+
+def _identity_repack(raw: np.ndarray) -> tuple[np.ndarray, ...]:
+    return (raw,)
+
+
+@dataclass(frozen=True)
+class QuantType:
+    qtype: GGMLQuantizationType
+    block_size: int
+    type_size: int
+    dequantize_rows: Callable  # (raw u8[rows, row_bytes], out f32[rows, cols]) -> None
+    matmul_small: Callable | None  # (packed tuple, x f32[n, in], out f32[n, out]) -> None
+    repack: Callable = _identity_repack  # (raw u8[out, row_bytes]) -> packed tuple
+    small_n_max: int = 16
+
+    def __post_init__(self):
+        if (self.block_size, self.type_size) != GGML_QUANT_SIZES[self.qtype]:
+            raise ValueError(f"{self.qtype.name}: block/type size disagree with GGML_QUANT_SIZES")
+
+    def row_bytes(self, cols: int) -> int:
+        return cols // self.block_size * self.type_size
+
+
+class UnsupportedTypeError(EdgeInferError, NotImplementedError):
+    """A tensor type edgeinfer has no kernels for (e.g. the IQ types)."""
+
+
+_UNITS: dict[GGMLQuantizationType, QuantType] = {}
+_loaded = False
+
+
+def register(unit: QuantType) -> QuantType:
+    _UNITS[unit.qtype] = unit
+    return unit
+
+
+def _load_units() -> None:
+    global _loaded
+    if _loaded:
+        return
+    for name in UNIT_MODULES:
+        full = f"{__package__}.{name}"
+        try:
+            importlib.import_module(full)
+        except ModuleNotFoundError as e:
+            # A unit file that does not exist (yet) only makes its type unsupported; a broken
+            # import inside an existing unit is a real error.
+            if e.name != full:
+                raise
+    _loaded = True
+
+
+def as_qtype(qtype: GGMLQuantizationType | str | int) -> GGMLQuantizationType:
+    if isinstance(qtype, str):
+        try:
+            return GGMLQuantizationType[qtype.upper()]
+        except KeyError:
+            raise ValueError(f"unknown GGML type {qtype!r}") from None
+    return GGMLQuantizationType(qtype)
+
+
+def get_unit(qtype: GGMLQuantizationType | str | int) -> QuantType:
+    qt = as_qtype(qtype)
+    _load_units()
+    unit = _UNITS.get(qt)
+    if unit is None:
+        supported = ", ".join(t.name for t in supported_types())
+        raise UnsupportedTypeError(f"no kernels for GGML type {qt.name} (supported: {supported})")
+    return unit
+
+
+def supported_types() -> list[GGMLQuantizationType]:
+    _load_units()
+    return sorted(_UNITS, key=int)

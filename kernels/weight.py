@@ -1,0 +1,76 @@
+"""QuantWeight: a weight matrix that stays in its file's bytes (plus a small load-time repack)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from .registry import QuantType, as_qtype, get_unit
+
+
+def raw_rows(data: np.ndarray, unit: QuantType, shape) -> np.ndarray:
+    """data: uint8 bytes of a tensor of `shape` (rows-first) -> uint8[rows, row_bytes] view."""
+    shape = tuple(int(s) for s in shape)
+    if len(shape) == 0 or min(shape) < 1:
+        raise ValueError(f"bad tensor shape {shape}")
+    cols = shape[-1]
+    if cols % unit.block_size:
+        raise ValueError(
+            f"{unit.qtype.name}: row length {cols} is not a multiple of {unit.block_size}"
+        )
+    rows = math.prod(shape[:-1])
+    row_bytes = unit.row_bytes(cols)
+    data = np.asarray(data)
+    if data.dtype != np.uint8:
+        data = data.reshape(-1).view(np.uint8)
+    if data.size != rows * row_bytes:
+        raise ValueError(
+            f"{unit.qtype.name} tensor of shape {shape} needs {rows * row_bytes} bytes, "
+            f"got {data.size}"
+        )
+    raw = np.ascontiguousarray(data.reshape(rows, row_bytes))
+    if raw.flags.writeable:
+        # Kernels are compiled for read-only bytes (what a read-only memmap gives); one
+        # specialisation instead of two.
+        raw = raw.view()
+        raw.flags.writeable = False
+    return raw
+
+
+class QuantWeight:
+    """A weight [out, in] in GGML type `qtype`; matmul/embedding read it without dequantizing it.
+
+    raw: uint8[out, row_bytes], a view of the memory-mapped file; packed: the unit's load-time
+    layout (views of raw plus at most ~10 % extra arrays).
+    """
+
+    __slots__ = ("shape", "qtype", "unit", "raw", "packed", "extra_nbytes")
+
+    def __init__(self, raw: np.ndarray, unit: QuantType, shape: tuple[int, int]):
+        self.shape = shape
+        self.qtype: GGMLQuantizationType = unit.qtype
+        self.unit = unit
+        self.raw = raw
+        self.packed = unit.repack(raw)
+        self.extra_nbytes = sum(a.nbytes for a in self.packed if not np.may_share_memory(a, raw))
+
+    @classmethod
+    def from_raw(cls, data: np.ndarray, qtype, shape) -> QuantWeight:
+        """data: the tensor's bytes as in the file; shape: (out, in) rows-first."""
+        unit = get_unit(as_qtype(qtype))
+        shape = tuple(int(s) for s in shape)
+        if len(shape) != 2:
+            raise ValueError(f"a weight must be 2-D (out, in), got shape {shape}")
+        return cls(raw_rows(data, unit, shape), unit, shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.raw.nbytes
+
+    def __repr__(self) -> str:
+        return (
+            f"QuantWeight({self.qtype.name}, shape={self.shape}, nbytes={self.nbytes}, "
+            f"extra_nbytes={self.extra_nbytes})"
+        )

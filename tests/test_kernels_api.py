@@ -1,0 +1,150 @@
+"""The kernels package contract: registry, QuantWeight, argument checks, threads, act_quant."""
+
+import numba
+import numpy as np
+import pytest
+from edgeinfer.kernels import registry
+from edgeinfer.kernels.act_quant import quantize_act
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
+from threadpoolctl import threadpool_info
+
+from edgeinfer import EdgeInferError, kernels
+
+T = GGMLQuantizationType
+LEGACY = (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
+
+
+def q8_0_bytes(rows, cols, rng):
+    raw = rng.integers(0, 256, size=(rows * cols // 32, 34), dtype=np.uint8)
+    raw[:, :2] = (rng.random((raw.shape[0], 1)) * 0.01).astype(np.float16).view(np.uint8)
+    return raw.reshape(-1)
+
+
+def test_registry_has_every_legacy_type_with_gguf_sizes():
+    supported = kernels.supported_types()
+    for qtype in LEGACY:
+        assert qtype in supported
+        unit = kernels.get_unit(qtype)
+        assert (unit.block_size, unit.type_size) == GGML_QUANT_SIZES[qtype]
+
+
+def test_qtype_accepted_as_enum_name_or_int():
+    data = q8_0_bytes(2, 64, np.random.default_rng(0))
+    a = kernels.dequantize(data, T.Q8_0, (2, 64))
+    assert np.array_equal(a, kernels.dequantize(data, "q8_0", (2, 64)))
+    assert np.array_equal(a, kernels.dequantize(data, int(T.Q8_0), [2, 64]))
+
+
+def test_dequantize_keeps_any_rows_first_shape():
+    data = q8_0_bytes(6, 64, np.random.default_rng(1))
+    want = gguf_dequantize(data, T.Q8_0)
+    assert np.array_equal(kernels.dequantize(data, T.Q8_0, (384,)), want)
+    assert np.array_equal(kernels.dequantize(data, T.Q8_0, (2, 3, 64)), want.reshape(2, 3, 64))
+
+
+def test_unsupported_type_is_a_user_facing_error():
+    with pytest.raises(kernels.UnsupportedTypeError) as e:
+        kernels.get_unit(T.IQ2_XXS)
+    assert isinstance(e.value, EdgeInferError) and "IQ2_XXS" in str(e.value)
+    with pytest.raises(ValueError):
+        kernels.get_unit("Q9_9")
+
+
+def test_bad_sizes_are_rejected():
+    data = q8_0_bytes(2, 64, np.random.default_rng(2))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        kernels.dequantize(data, T.Q8_0, (4, 33))
+    with pytest.raises(ValueError, match="bytes"):
+        kernels.dequantize(data[:-1], T.Q8_0, (2, 64))
+    with pytest.raises(ValueError, match="2-D"):
+        kernels.QuantWeight.from_raw(data, T.Q8_0, (128,))
+
+
+def test_quant_type_checks_sizes_against_gguf():
+    unit = kernels.get_unit(T.Q4_0)
+    with pytest.raises(ValueError):
+        registry.QuantType(T.Q4_0, 32, 20, unit.dequantize_rows, unit.matmul_small)
+
+
+def test_quant_weight_stays_on_the_file_bytes():
+    data = q8_0_bytes(48, 256, np.random.default_rng(3))
+    w = kernels.QuantWeight.from_raw(data, T.Q8_0, (48, 256))
+    assert w.shape == (48, 256) and w.qtype == T.Q8_0
+    assert w.nbytes == data.nbytes and w.extra_nbytes == 0
+    assert np.shares_memory(w.raw, data)
+    for qtype in LEGACY:
+        block, size = GGML_QUANT_SIZES[qtype]
+        raw = np.zeros(16 * 256 // block * size, np.uint8)
+        assert kernels.QuantWeight.from_raw(raw, qtype, (16, 256)).extra_nbytes <= raw.nbytes // 10
+
+
+def test_matmul_checks_and_converts_x():
+    rng = np.random.default_rng(4)
+    w = kernels.QuantWeight.from_raw(q8_0_bytes(10, 64, rng), T.Q8_0, (10, 64))
+    with pytest.raises(ValueError, match="does not match"):
+        kernels.matmul(np.zeros((1, 32), np.float32), w)
+    x = rng.standard_normal((64, 3)).T  # float64, not contiguous
+    assert np.allclose(kernels.matmul(x, w), kernels.matmul(np.ascontiguousarray(x, np.float32), w))
+
+
+def test_embedding_rejects_out_of_range_ids():
+    w = kernels.QuantWeight.from_raw(q8_0_bytes(10, 64, np.random.default_rng(5)), T.Q8_0, (10, 64))
+    with pytest.raises(IndexError):
+        kernels.embedding(w, [0, 10])
+    with pytest.raises(IndexError):
+        kernels.embedding(w, [-1])
+
+
+def test_threads_knob_reaches_numba_and_blas_stays_single_threaded():
+    before = kernels.get_threads()
+    try:
+        assert kernels.set_threads(1) == 1 and kernels.get_threads() == 1
+        data = q8_0_bytes(8, 64, np.random.default_rng(6))
+        w = kernels.QuantWeight.from_raw(data, T.Q8_0, (8, 64))
+        kernels.matmul(np.ones((1, 64), np.float32), w)
+        assert numba.get_num_threads() == 1
+        # BLAS-backed work is split over the knob's threads by the kernels themselves
+        assert all(p["num_threads"] == 1 for p in threadpool_info() if p["user_api"] == "blas")
+        with pytest.raises(ValueError):
+            kernels.set_threads(0)
+        assert kernels.set_threads(None) >= 1
+    finally:
+        kernels.set_threads(before)
+
+
+def test_run_split_covers_every_item_once():
+    seen = np.zeros(1001, np.int64)
+
+    def mark(lo, hi):
+        seen[lo:hi] += 1
+
+    before = kernels.get_threads()
+    try:
+        for n in (1, 2):
+            kernels.set_threads(n)
+            seen[:] = 0
+            kernels.threads.run_split(1001, mark, min_items=10)
+            assert np.all(seen == 1)
+            assert numba.get_num_threads() == kernels.get_threads()
+    finally:
+        kernels.set_threads(before)
+
+
+@pytest.mark.parametrize("block,sum_group", [(32, 32), (32, 0), (256, 16), (256, 32)])
+def test_act_quant_round_trip_and_sums(block, sum_group):
+    rng = np.random.default_rng(block + sum_group)
+    x = rng.standard_normal((3, 4 * block)).astype(np.float32)
+    x[1, :block] = 0.0  # an all-zero block gets scale 0, not NaN
+    q, d, sums = quantize_act(x, block, sum_group)
+    assert q.dtype == np.int8 and d.shape == (3, 4) and d[1, 0] == 0.0
+    back = q.reshape(3, 4, block) * d[:, :, None]
+    assert np.all(np.abs(back.reshape(3, -1) - x) <= np.repeat(d, block, axis=1) / 2 + 1e-7)
+    assert np.abs(q).max() == 127
+    if sum_group:
+        want = q.astype(np.int32).reshape(3, -1, sum_group).sum(axis=2)
+        assert np.array_equal(sums, want)
+    else:
+        assert sums.shape == (3, 0)
+    with pytest.raises(ValueError):
+        quantize_act(x[:, :-1].copy(), block, sum_group)
