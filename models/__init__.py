@@ -1,1 +1,36 @@
-"""edgeinfer.models"""
+"""edgeinfer.models: one module per `general.architecture`, a shared base, and the registry.
+
+Adding an architecture: a new module with a `DecoderModel` subclass and one entry in
+ARCHITECTURES (plus ModelConfig's list of supported architectures).
+"""
+
+from edgeinfer.errors import GGUFError
+from edgeinfer.gguf_reader import GGUFFile
+from edgeinfer.model_config import ModelConfig
+
+from .base import Batch, DecoderModel
+from .gemma3 import Gemma3
+from .llama import Llama
+from .qwen2 import Qwen2
+from .qwen3 import Qwen3
+
+ARCHITECTURES: dict[str, type[DecoderModel]] = {
+    "llama": Llama,
+    "qwen2": Qwen2,
+    "qwen3": Qwen3,
+    "gemma3": Gemma3,
+}
+
+
+def load_model(g: GGUFFile, config: ModelConfig) -> DecoderModel:
+    """The model for config.arch with its weights from g (kept memory-mapped where possible)."""
+    cls = ARCHITECTURES.get(config.arch)
+    if cls is None:
+        supported = ", ".join(ARCHITECTURES)
+        raise GGUFError(
+            g.path, f"unsupported architecture {config.arch!r} (supported: {supported})"
+        )
+    return cls(g, config)
+
+
+__all__ = ["ARCHITECTURES", "Batch", "DecoderModel", "load_model"]

@@ -1,0 +1,74 @@
+"""The paged KV cache: per-layer pools of fixed-size blocks, plus the block bookkeeping.
+
+k[layer]: [num_blocks, n_kv_heads, head_dim, block_size] (keys transposed within a block),
+v[layer]: [num_blocks, n_kv_heads, block_size, v_head_dim] — see kernels.attention.
+"f16" stores float16 bit patterns as uint16 (what the attention kernel widens block by block;
+Numba has no float16 arithmetic), "f32" stores float32. The pools are allocated with np.zeros,
+so pages are committed only as blocks are first written.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from edgeinfer.block_manager import BlockManager
+from edgeinfer.model_config import ModelConfig
+
+BLOCK_SIZE = 16
+KV_DTYPES = {"f16": np.uint16, "f32": np.float32}
+
+
+class KVCache:
+    def __init__(
+        self,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        v_head_dim: int,
+        num_blocks: int,
+        block_size: int = BLOCK_SIZE,
+        dtype: str = "f16",
+    ):
+        if dtype not in KV_DTYPES:
+            raise ValueError(f"kv dtype must be one of {', '.join(KV_DTYPES)}, got {dtype!r}")
+        self.dtype = dtype
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        storage = KV_DTYPES[dtype]
+        self.k_pool = np.zeros((n_layers, num_blocks, n_kv_heads, head_dim, block_size), storage)
+        self.v_pool = np.zeros((n_layers, num_blocks, n_kv_heads, block_size, v_head_dim), storage)
+        # Per-layer views built once: the forward pass indexes lists, not 5-D arrays.
+        self.k = list(self.k_pool)
+        self.v = list(self.v_pool)
+        self.blocks = BlockManager(num_blocks, block_size)
+
+    @classmethod
+    def for_model(
+        cls, config: ModelConfig, num_blocks: int, dtype: str = "f16", block_size: int = BLOCK_SIZE
+    ) -> KVCache:
+        return cls(
+            config.n_layers,
+            config.n_kv_heads,
+            config.head_dim,
+            config.v_head_dim,
+            num_blocks,
+            block_size,
+            dtype,
+        )
+
+    @staticmethod
+    def bytes_per_token(config: ModelConfig, dtype: str = "f16") -> int:
+        item = np.dtype(KV_DTYPES[dtype]).itemsize
+        return config.n_layers * config.n_kv_heads * (config.head_dim + config.v_head_dim) * item
+
+    @property
+    def nbytes(self) -> int:
+        return self.k_pool.nbytes + self.v_pool.nbytes
+
+    def block_tables(self, seq_ids: list[int]) -> np.ndarray:
+        """-> int32[len(seq_ids), max blocks] (rows padded with 0; padding is never read)."""
+        tables = [self.blocks.block_table(s) for s in seq_ids]
+        out = np.zeros((len(tables), max(1, max(len(t) for t in tables))), np.int32)
+        for row, t in zip(out, tables, strict=True):
+            row[: len(t)] = t
+        return out

@@ -1,0 +1,402 @@
+"""Self-attention over a paged KV cache, for a flat batch of tokens from any number of sequences.
+
+Cache layout (one layer), block_size = bs:
+    k: [num_blocks, n_kv_heads, head_dim, bs]   keys transposed within a block, so the scores
+                                                of one query against a block are bs-wide
+                                                vector FMAs over head_dim
+    v: [num_blocks, n_kv_heads, bs, v_head_dim]
+stored as float16 bits (uint16; Numba has no float16 arithmetic, so a block is widened to
+float32 once per use) or as float32. A sequence's block-table row maps its logical block i
+(positions i*bs ...) to a physical block; slot = block * bs + offset.
+
+`self_attention` is one call per layer: it finishes Q/K/V (per-head QK-norm, RoPE, query
+scale), writes every new K/V row into its slot, then each token attends to its own sequence's
+positions <= its own (causal) and, with a sliding window w, > position - w.
+
+Work is split into items (query tile, KV head, key chunk). A tile is up to TILE consecutive
+tokens of one sequence (a prefill run), so each K/V block is widened once per tile rather than
+once per token; the query heads sharing a KV head (GQA group) share it too. Softmax is online
+(flash-attention style), one block at a time. When there are fewer (tile, head) pairs than
+threads — decode — each key range is split into chunks of SPLIT_BLOCKS blocks whose partial
+softmax states are merged afterwards (flash-decoding), so one long sequence still uses every
+thread.
+"""
+
+import numpy as np
+from numba import get_num_threads, njit, prange
+from numba.core import types
+from numba.extending import overload
+
+from .activations import exp_f32
+from .norm import _norm_row
+from .rope import rope_cos_sin, rope_rotate
+
+TILE = 16
+PARALLEL_MIN_ITEMS = 8
+SPLIT_BLOCKS = 8
+_F16_MAGIC = np.float32(2.0**112)
+# Reassociation lets the dot products vectorize; no finite-math flags (masked scores are -inf).
+_FAST = {"reassoc", "contract"}
+_NEG_INF = np.float32(-np.inf)
+
+
+@njit(cache=True)
+def float_to_half(x):
+    """float32 -> float16 bits (uint16), round to nearest even, as numpy's astype(np.float16)."""
+    u = np.float32(x).view(np.uint32)
+    sign = np.uint32((u >> np.uint32(16)) & np.uint32(0x8000))
+    a = np.uint32(u & np.uint32(0x7FFFFFFF))
+    if a >= np.uint32(0x7F800000):  # inf / NaN (keep NaN quiet)
+        h = np.uint32(0x7E00) if a > np.uint32(0x7F800000) else np.uint32(0x7C00)
+    elif a >= np.uint32(0x477FF000):  # rounds past 65504
+        h = np.uint32(0x7C00)
+    elif a >= np.uint32(0x38800000):  # normal half: rebias the exponent, round the mantissa
+        r = np.uint32(a - np.uint32(0x38000000))
+        odd = np.uint32((r >> np.uint32(13)) & np.uint32(1))
+        h = np.uint32(np.uint32(r + np.uint32(0x0FFF) + odd) >> np.uint32(13))
+    else:  # subnormal half or zero: scale by 2^24 (exact) and round half to even
+        h = np.uint32(np.rint(a.view(np.float32) * np.float32(16777216.0)))
+    return np.uint16(h | sign)
+
+
+def _store(x, dst, i):
+    """x: float32 -> dst[i] in the cache's storage dtype (typed per dtype below)."""
+
+
+def _widen(src, dst):
+    """src: [r, c] in the cache's storage dtype -> dst: float32[r, c]."""
+
+
+@overload(_store)
+def _store_impl(x, dst, i):
+    if dst.dtype == types.uint16:
+
+        def impl(x, dst, i):
+            dst[i] = float_to_half(x)
+
+    else:
+
+        def impl(x, dst, i):
+            dst[i] = x
+
+    return impl
+
+
+@overload(_widen)
+def _widen_impl(src, dst):
+    if src.dtype == types.uint16:
+
+        def impl(src, dst):
+            # Branch-free so the loop vectorizes: exponent+mantissa shifted into float32
+            # position and scaled by 2^112 is exact for normal and subnormal halves alike.
+            # (inf/NaN halves, which a usable cache never holds, come out large and finite.)
+            for i in range(src.shape[0]):
+                for j in range(src.shape[1]):
+                    h = np.uint32(src[i, j])
+                    f = np.uint32((h & np.uint32(0x7FFF)) << np.uint32(13)).view(np.float32)
+                    f = np.float32(f * _F16_MAGIC)
+                    sign = (h & np.uint32(0x8000)) << np.uint32(16)
+                    dst[i, j] = np.uint32(f.view(np.uint32) | sign).view(np.float32)
+
+    else:
+
+        def impl(src, dst):
+            dst[:, :] = src
+
+    return impl
+
+
+@njit(cache=True)
+def _prepare_token(qkv, t, q_norm, k_norm, eps, pos, inv_freq, neox, q_scale, kc, vc, slot, q):
+    # qkv[t]: [nh*dk | nkv*dk | nkv*dv] (finished in place) -> q[t]: [nh, dk]; K/V -> cache slot
+    nh, dk = q.shape[1], q.shape[2]
+    nkv, bs, dv = vc.shape[1], vc.shape[2], vc.shape[3]
+    row = qkv[t]
+    cos = np.empty(inv_freq.shape[0], np.float32)
+    sin = np.empty(inv_freq.shape[0], np.float32)
+    rope_cos_sin(pos, inv_freq, cos, sin)
+    tmp = np.empty(dk, np.float32)
+    for h in range(nh):
+        x = row[h * dk : (h + 1) * dk]
+        if q_norm.shape[0] > 0:
+            _norm_row(x, q_norm, eps, tmp)
+            x[:] = tmp
+        rope_rotate(x, cos, sin, neox)
+        for c in range(dk):
+            q[t, h, c] = x[c] * q_scale
+    blk = slot // bs
+    off = slot % bs
+    k0 = nh * dk
+    v0 = k0 + nkv * dk
+    for h in range(nkv):
+        x = row[k0 + h * dk : k0 + (h + 1) * dk]
+        if k_norm.shape[0] > 0:
+            _norm_row(x, k_norm, eps, tmp)
+            x[:] = tmp
+        rope_rotate(x, cos, sin, neox)
+        for c in range(dk):
+            _store(x[c], kc[blk, h, c], off)
+        for c in range(dv):
+            _store(row[v0 + h * dv + c], vc[blk, h, off], c)
+
+
+@njit(cache=True, fastmath=_FAST)
+def _attend(q, t0, t1, positions, window, h, kc, vc, table, b_start, b_end, m, l, acc):
+    # Tokens t0..t1-1 (one sequence, consecutive positions), query heads h*G..(h+1)*G-1 of
+    # q: [n, nh, dk] against the keys of KV head h in logical blocks [b_start, b_end).
+    # Running softmax state per (token in tile, head in group): m, l: [TILE, G],
+    # acc: [TILE, G, dv] (unnormalised). Whole arrays plus indices are passed, not slices, so
+    # every row below is a contiguous array and the inner loops vectorize.
+    G = m.shape[1]
+    dk = q.shape[2]
+    bs, dv = vc.shape[2], vc.shape[3]
+    kt = np.empty((dk, bs), np.float32)
+    vf = np.empty((bs, dv), np.float32)
+    s = np.empty(bs, np.float32)
+    for b in range(b_start, b_end):
+        blk = table[b]
+        p0 = b * bs
+        _widen(kc[blk, h], kt)
+        _widen(vc[blk, h], vf)
+        for t in range(t0, t1):
+            hi = positions[t] - p0  # keys j <= hi (causal)
+            lo = hi - window if window > 0 else -1  # keys j > lo (sliding window)
+            if hi < 0 or lo >= bs - 1:
+                continue  # no key of this block is visible to token t
+            i = t - t0
+            for g in range(G):
+                qg = q[t, h * G + g]
+                s[:] = 0.0
+                for c in range(dk):
+                    qc = qg[c]
+                    kr = kt[c]
+                    for j in range(bs):
+                        s[j] += qc * kr[j]
+                smax = _NEG_INF
+                for j in range(bs):
+                    if j > hi or j <= lo:
+                        s[j] = _NEG_INF
+                    smax = max(smax, s[j])
+                m_new = max(m[i, g], smax)
+                corr = exp_f32(m[i, g] - m_new)
+                m[i, g] = m_new
+                ag = acc[i, g]
+                psum = np.float32(0.0)
+                for j in range(bs):
+                    s[j] = exp_f32(s[j] - m_new) if s[j] != _NEG_INF else np.float32(0.0)
+                    psum += s[j]
+                l[i, g] = l[i, g] * corr + psum
+                for c in range(dv):
+                    ag[c] *= corr
+                for j in range(bs):
+                    p = s[j]
+                    vr = vf[j]
+                    for c in range(dv):
+                        ag[c] += p * vr[c]
+
+
+@njit(cache=True, fastmath=_FAST)
+def _merge(t, h, tiles, first_item, n_chunks, m, l, acc, out):
+    # Combine the chunk states of (token t, KV head h) into out[t]'s heads of that group.
+    G, dv = m.shape[2], acc.shape[3]
+    i = np.searchsorted(tiles[:, 0], t, side="right") - 1
+    r = t - tiles[i, 0]
+    base = first_item[i] + h * n_chunks[i]
+    for g in range(G):
+        mx = _NEG_INF
+        for c in range(n_chunks[i]):
+            mx = max(mx, m[base + c, r, g])
+        total = np.float32(0.0)
+        o = out[t, (h * G + g) * dv : (h * G + g + 1) * dv]
+        o[:] = 0.0
+        for c in range(n_chunks[i]):
+            if m[base + c, r, g] == _NEG_INF:
+                continue  # this chunk held no key visible to token t
+            w = exp_f32(m[base + c, r, g] - mx)
+            total += l[base + c, r, g] * w
+            a = acc[base + c, r, g]
+            for j in range(dv):
+                o[j] += a[j] * w
+        inv = np.float32(1.0) / total
+        for j in range(dv):
+            o[j] *= inv
+
+
+@njit(cache=True)
+def _plan(seq_rows, positions, window, bs, nkv, n_threads):
+    # -> tiles: int64[n_tiles, 3] (t0, t1, first block), chunks per tile, split (blocks per
+    # chunk), and item -> (tile, head, chunk) in an order that interleaves long and short
+    # items so prange's contiguous halves get similar work.
+    n = positions.shape[0]
+    starts = [0]
+    for t in range(1, n):
+        if (
+            seq_rows[t] != seq_rows[t - 1]
+            or positions[t] != positions[t - 1] + 1
+            or t - starts[-1] == TILE
+        ):
+            starts.append(t)
+    n_tiles = len(starts)
+    tiles = np.empty((n_tiles, 3), np.int64)
+    for i in range(n_tiles):
+        t0 = starts[i]
+        t1 = starts[i + 1] if i + 1 < n_tiles else n
+        lo = positions[t0] - window + 1 if window > 0 else 0
+        tiles[i, 0] = t0
+        tiles[i, 1] = t1
+        tiles[i, 2] = max(lo, 0) // bs
+    split = 1 << 30
+    if n_tiles * nkv < 2 * n_threads:
+        split = SPLIT_BLOCKS
+    n_chunks = np.empty(n_tiles, np.int64)
+    for i in range(n_tiles):
+        n_blocks = positions[tiles[i, 1] - 1] // bs + 1 - tiles[i, 2]
+        n_chunks[i] = (n_blocks + split - 1) // split
+    n_items = 0
+    for i in range(n_tiles):
+        n_items += n_chunks[i] * nkv
+    items = np.empty((n_items, 3), np.int64)
+    k = 0
+    for i in range(n_tiles):
+        for h in range(nkv):
+            for c in range(n_chunks[i]):
+                items[k, 0] = i
+                items[k, 1] = h
+                items[k, 2] = c
+                k += 1
+    order = np.empty(n_items, np.int64)
+    for k in range(n_items):
+        order[k] = k // 2 if k % 2 == 0 else n_items - 1 - k // 2
+    return tiles, n_chunks, split, items[order]
+
+
+@njit(parallel=True, cache=True)
+def _self_attention(
+    qkv,
+    q_norm,
+    k_norm,
+    eps,
+    inv_freq,
+    neox,
+    q_scale,
+    window,
+    kc,
+    vc,
+    block_tables,
+    seq_rows,
+    positions,
+    slots,
+    n_threads,
+    q,
+    out,
+):
+    n, nh, dk = q.shape
+    nkv, bs, dv = vc.shape[1], vc.shape[2], vc.shape[3]
+    G = nh // nkv
+    if n < PARALLEL_MIN_ITEMS:
+        for t in range(n):
+            _prepare_token(
+                qkv, t, q_norm, k_norm, eps, positions[t], inv_freq, neox, q_scale, kc, vc,
+                slots[t], q,
+            )  # fmt: skip
+    else:
+        for t in prange(n):
+            _prepare_token(
+                qkv, t, q_norm, k_norm, eps, positions[t], inv_freq, neox, q_scale, kc, vc,
+                slots[t], q,
+            )  # fmt: skip
+    tiles, n_chunks, split, items = _plan(seq_rows, positions, window, bs, nkv, n_threads)
+    n_items = items.shape[0]
+    # Each item's partial state lives at the item's index in the unshuffled order.
+    first_item = np.zeros(tiles.shape[0] + 1, np.int64)
+    for i in range(tiles.shape[0]):
+        first_item[i + 1] = first_item[i] + n_chunks[i] * nkv
+    m = np.empty((n_items, TILE, G), np.float32)
+    l = np.empty((n_items, TILE, G), np.float32)
+    acc = np.empty((n_items, TILE, G, dv), np.float32)
+    for k in prange(n_items):
+        i, h, c = items[k, 0], items[k, 1], items[k, 2]
+        t0, t1 = tiles[i, 0], tiles[i, 1]
+        slot = first_item[i] + h * n_chunks[i] + c
+        b_start = tiles[i, 2] + c * split
+        b_end = min(b_start + split, positions[t1 - 1] // bs + 1)
+        m[slot] = _NEG_INF
+        l[slot] = 0.0
+        acc[slot] = 0.0
+        table = block_tables[seq_rows[t0]]
+        _attend(
+            q,
+            t0,
+            t1,
+            positions,
+            window,
+            h,
+            kc,
+            vc,
+            table,
+            b_start,
+            b_end,
+            m[slot],
+            l[slot],
+            acc[slot],
+        )
+    # Decode-sized loops run serially: a parallel region costs more than their work.
+    if n * nkv < PARALLEL_MIN_ITEMS:
+        for th in range(n * nkv):
+            _merge(th // nkv, th % nkv, tiles, first_item, n_chunks, m, l, acc, out)
+    else:
+        for th in prange(n * nkv):
+            _merge(th // nkv, th % nkv, tiles, first_item, n_chunks, m, l, acc, out)
+
+
+def self_attention(
+    qkv: np.ndarray,
+    q_norm: np.ndarray,
+    k_norm: np.ndarray,
+    eps: float,
+    inv_freq: np.ndarray,
+    neox: bool,
+    q_scale: float,
+    window: int,
+    k_cache: np.ndarray,
+    v_cache: np.ndarray,
+    block_tables: np.ndarray,
+    seq_rows: np.ndarray,
+    positions: np.ndarray,
+    slots: np.ndarray,
+    n_heads: int,
+) -> np.ndarray:
+    """One layer's attention for a flat batch of n tokens; writes their K/V into the cache.
+
+    qkv: float32[n, (n_heads + nkv) * dk + nkv * dv] (Q | K | V heads before QK-norm and RoPE;
+    used as scratch); q_norm, k_norm: float32[dk] or [0] (per-head RMS norm, eps);
+    inv_freq: float64[rope_dims / 2]; q_scale: multiplies Q after RoPE (the 1/sqrt(d) scale);
+    window: sliding window in tokens (0: none);
+    k_cache: [num_blocks, nkv, dk, block_size], v_cache: [num_blocks, nkv, block_size, dv]
+    (uint16 float16 bits, or float32); block_tables: int32[seqs, max_blocks];
+    seq_rows: int32[n] (row of block_tables per token); positions: int32[n]; slots: int64[n]
+    -> float32[n, n_heads * dv]
+    """
+    n = qkv.shape[0]
+    q = np.empty((n, n_heads, k_cache.shape[2]), np.float32)
+    out = np.empty((n, n_heads * v_cache.shape[3]), np.float32)
+    _self_attention(
+        qkv,
+        q_norm,
+        k_norm,
+        np.float32(eps),
+        inv_freq,
+        neox,
+        np.float32(q_scale),
+        window,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_rows,
+        positions,
+        slots,
+        get_num_threads(),
+        q,
+        out,
+    )
+    return out

@@ -1,0 +1,275 @@
+"""What the decoder-only architectures share: weight loading, the pre-norm block, the forward pass.
+
+An architecture file subclasses `DecoderModel` and states only how it differs: RoPE layout,
+FFN activation, embedding scale, per-layer attention geometry (sliding window, RoPE base).
+Optional tensors (biases, QK-norms, post-norms) are loaded when the file has them;
+`ModelConfig.from_gguf` has already checked that the file holds exactly the tensors its
+architecture allows, with the right shapes.
+
+Quantization is a property of the weight objects (`kernels.QuantWeight`): nothing here branches
+on a tensor type. Projections that read the same input (Q/K/V, gate/up) are stacked into one
+weight at load when their types match, so one matmul serves them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from edgeinfer.kernels.activations import SILU, gated_act, softcap_
+from edgeinfer.kernels.attention import self_attention
+from edgeinfer.kernels.norm import add_rms_norm, rms_norm
+from edgeinfer.kernels.rope import rope_inv_freq
+
+from edgeinfer import kernels
+from edgeinfer.errors import GGUFError
+from edgeinfer.gguf_reader import GGUFFile
+from edgeinfer.model_config import ModelConfig
+
+_NONE = np.zeros(0, np.float32)  # "absent" for optional norm weights and biases in kernels
+
+
+@dataclass
+class Batch:
+    """A flat batch of tokens from one or more sequences, laid out by the runner.
+
+    token_ids, positions: int32[n]; seq_rows: int32[n], each token's row of block_tables;
+    slots: int64[n], where each token's K/V go (block * block_size + offset);
+    block_tables: int32[n_seqs, max_blocks]; logit_rows: int64[m], the tokens whose logits are
+    wanted (None: all n).
+    """
+
+    token_ids: np.ndarray
+    positions: np.ndarray
+    seq_rows: np.ndarray
+    slots: np.ndarray
+    block_tables: np.ndarray
+    logit_rows: np.ndarray | None = None
+
+
+class Linear:
+    """y = x · Wᵀ (+ b) for W made of one or more row-stacked weights -> [n, sum of outs]."""
+
+    def __init__(self, parts: list[kernels.QuantWeight], bias: np.ndarray | None = None):
+        self.parts = parts
+        self.bias = bias
+        self.shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if len(self.parts) == 1:
+            y = kernels.matmul(x, self.parts[0])
+        else:
+            y = np.concatenate([kernels.matmul(x, p) for p in self.parts], axis=1)
+        if self.bias is not None:
+            y += self.bias
+        return y
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+
+@dataclass
+class Layer:
+    # d = n_embd, dk/dv = head dims; optional weights are float32[0] when absent
+    attn_norm: np.ndarray  # [d]
+    qkv: Linear  # [(nh + nkv) * dk + nkv * dv, d]
+    q_norm: np.ndarray  # [dk]
+    k_norm: np.ndarray  # [dk]
+    wo: Linear  # [d, nh * dv]
+    post_attn_norm: np.ndarray  # [d]
+    ffn_norm: np.ndarray  # [d]
+    gate_up: Linear  # [2 * n_ff, d]
+    down: Linear  # [d, n_ff]
+    post_ffn_norm: np.ndarray  # [d]
+    inv_freq: np.ndarray  # float64[rope_dim / 2]
+    window: int  # sliding window in tokens, 0 = full attention
+
+
+class WeightLoader:
+    """Turns GGUF tensors into kernel-ready objects."""
+
+    def __init__(self, g: GGUFFile):
+        self.g = g
+
+    def has(self, name: str) -> bool:
+        return name in self.g.tensors
+
+    def vector(self, name: str) -> np.ndarray:
+        """A norm weight or bias -> float32 copy; float32[0] when the file lacks it."""
+        info = self.g.tensors.get(name)
+        if info is None:
+            return _NONE
+        return kernels.dequantize(self.g.tensor_data(name), info.qtype, info.shape).reshape(-1)
+
+    def weight(self, name: str) -> kernels.QuantWeight:
+        info = self.g.tensors[name]
+        return kernels.QuantWeight.from_raw(self.g.tensor_data(name), info.qtype, info.shape)
+
+    def linear(self, names: list[str], bias: bool = False) -> Linear:
+        """Row-stack the named weights into as few matmuls as their types allow.
+
+        Consecutive weights of one type become a single weight; its bytes are read from the
+        file into a fresh buffer rather than copied out of the mapping, so the mapped pages of
+        the originals are never touched and do not count towards RSS.
+        """
+        infos = [self.g.tensors[n] for n in names]
+        parts = []
+        i = 0
+        while i < len(infos):
+            j = i + 1
+            while j < len(infos) and infos[j].qtype == infos[i].qtype:
+                j += 1
+            if j - i == 1:
+                parts.append(self.weight(names[i]))
+            else:
+                group = infos[i:j]
+                shape = (sum(t.shape[0] for t in group), group[0].shape[1])
+                parts.append(kernels.QuantWeight.from_raw(self._read(group), group[0].qtype, shape))
+            i = j
+        b = None
+        if bias and any(self.has(_bias_name(n)) for n in names):
+            b = np.concatenate(
+                [
+                    self.vector(_bias_name(n)) if self.has(_bias_name(n)) else np.zeros(t.shape[0])
+                    for n, t in zip(names, infos, strict=True)
+                ]
+            ).astype(np.float32)
+        return Linear(parts, b)
+
+    def _read(self, infos) -> np.ndarray:
+        buf = np.empty(sum(t.nbytes for t in infos), np.uint8)
+        view = memoryview(buf)
+        pos = 0
+        with open(self.g.path, "rb") as f:
+            for t in infos:
+                f.seek(t.offset)
+                if f.readinto(view[pos : pos + t.nbytes]) != t.nbytes:
+                    raise OSError(f"{self.g.path}: short read of tensor {t.name}")
+                pos += t.nbytes
+        return buf
+
+
+def _bias_name(weight_name: str) -> str:
+    return weight_name.removesuffix(".weight") + ".bias"
+
+
+class DecoderModel:
+    """A pre-norm decoder-only transformer over a paged KV cache.
+
+    Subclasses set `rope_neox` and `activation`, and may override `embedding_scale` and
+    `layer_geometry` (per-layer RoPE frequencies and sliding window).
+    """
+
+    rope_neox: bool = False
+    activation: int = SILU
+
+    def __init__(self, g: GGUFFile, config: ModelConfig):
+        self.config = config
+        self.path = g.path
+        w = WeightLoader(g)
+        self.tok_embd = w.weight("token_embd.weight")  # [vocab, d]
+        self.output_norm = w.vector("output_norm.weight")
+        head = "token_embd.weight" if config.tied_output else "output.weight"
+        self.output = Linear([self.tok_embd] if config.tied_output else [w.weight(head)])
+        if w.has("output.bias"):
+            self.output.bias = w.vector("output.bias")
+        self.freq_factors = w.vector("rope_freqs.weight")
+        self.layers = [self._load_layer(w, i) for i in range(config.n_layers)]
+
+    def _load_layer(self, w: WeightLoader, i: int) -> Layer:
+        b = f"blk.{i}."
+        inv_freq, window = self.layer_geometry(i)
+        return Layer(
+            attn_norm=w.vector(b + "attn_norm.weight"),
+            qkv=w.linear([b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"], True),
+            q_norm=w.vector(b + "attn_q_norm.weight"),
+            k_norm=w.vector(b + "attn_k_norm.weight"),
+            wo=w.linear([b + "attn_output.weight"], True),
+            post_attn_norm=w.vector(b + "post_attention_norm.weight"),
+            ffn_norm=w.vector(b + "ffn_norm.weight"),
+            gate_up=w.linear([b + "ffn_gate.weight", b + "ffn_up.weight"], True),
+            down=w.linear([b + "ffn_down.weight"], True),
+            post_ffn_norm=w.vector(b + "post_ffw_norm.weight"),
+            inv_freq=inv_freq,
+            window=window,
+        )
+
+    # -- architecture hooks -------------------------------------------------------------
+
+    def embedding_scale(self) -> float:
+        return 1.0
+
+    def layer_geometry(self, i: int) -> tuple[np.ndarray, int]:
+        """Layer i's RoPE inverse frequencies and sliding window (0: full attention)."""
+        c = self.config
+        return rope_inv_freq(
+            c.rope_dim, c.rope_base, self.rope_freq_scale(), self.rope_factors()
+        ), 0
+
+    def rope_freq_scale(self) -> float:
+        s = self.config.rope_scaling
+        if s is None:
+            return 1.0
+        if s["type"] != "linear":
+            raise GGUFError(self.path, f"RoPE scaling type {s['type']!r} is not supported yet")
+        return 1.0 / s["factor"]
+
+    def rope_factors(self) -> np.ndarray | None:
+        # llama3-style scaling ships per-frequency divisors as the rope_freqs tensor
+        return self.freq_factors if self.freq_factors.size else None
+
+    # -- forward --------------------------------------------------------------------------
+
+    def forward(self, batch: Batch, k_cache: list[np.ndarray], v_cache: list[np.ndarray]):
+        """batch of n tokens -> float32[m, vocab] logits of batch.logit_rows (all n if None).
+
+        k_cache[i], v_cache[i]: layer i's block pools (see kernels.attention); the batch's K/V
+        are written into its slots.
+        """
+        c = self.config
+        eps = c.norm_eps
+        x = kernels.embedding(self.tok_embd, batch.token_ids)  # [n, d] residual stream
+        scale = self.embedding_scale()
+        if scale != 1.0:
+            x *= np.float32(scale)
+        h = rms_norm(x, self.layers[0].attn_norm, eps)
+        last = len(self.layers) - 1
+        for i, L in enumerate(self.layers):
+            attn = self_attention(
+                L.qkv(h),
+                L.q_norm,
+                L.k_norm,
+                eps,
+                L.inv_freq,
+                self.rope_neox,
+                c.attn_scale,
+                L.window,
+                k_cache[i],
+                v_cache[i],
+                batch.block_tables,
+                batch.seq_rows,
+                batch.positions,
+                batch.slots,
+                c.n_heads,
+            )
+            o = L.wo(attn)
+            if i == last and batch.logit_rows is not None:
+                # Only the rows whose logits are wanted need the last FFN and the head.
+                x, o = x[batch.logit_rows], o[batch.logit_rows]
+            h = add_rms_norm(x, o, L.post_attn_norm, L.ffn_norm, eps)
+            f = L.down(gated_act(L.gate_up(h), self.activation))
+            next_norm = self.output_norm if i == last else self.layers[i + 1].attn_norm
+            h = add_rms_norm(x, f, L.post_ffn_norm, next_norm, eps)
+        logits = self.output(h)
+        if c.final_logit_softcap:
+            softcap_(logits, c.final_logit_softcap)
+        return logits
+
+    @property
+    def weight_nbytes(self) -> int:
+        """Bytes of weights read per decode step (every matrix once, the head once)."""
+        per_layer = sum(
+            L.qkv.nbytes + L.wo.nbytes + L.gate_up.nbytes + L.down.nbytes for L in self.layers
+        )
+        return per_layer + self.output.nbytes

@@ -1,0 +1,150 @@
+"""Paged self-attention against dense numpy attention written from the definition.
+
+Several sequences of different lengths share one block pool through shuffled block tables;
+a batch mixes prefill and decode tokens; GQA, QK-norm, both RoPE layouts, sliding windows,
+float16 and float32 caches, and the split-key (flash-decoding) path for a lone long query.
+"""
+
+import numpy as np
+import pytest
+from edgeinfer.kernels.attention import self_attention
+from edgeinfer.kernels.rope import rope_inv_freq
+
+BS = 16
+
+
+def ref_norm(x, w, eps):
+    x = x.astype(np.float64)
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def ref_rope(x, positions, inv_freq, neox):
+    # x: [n, h, d] float64
+    half = inv_freq.size
+    ang = positions[:, None].astype(np.float64) * inv_freq[None, :]
+    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    out = x.copy()
+    if neox:
+        a, b = x[..., :half], x[..., half : 2 * half]
+        out[..., :half], out[..., half : 2 * half] = a * c - b * s, a * s + b * c
+    else:
+        a, b = x[..., 0 : 2 * half : 2], x[..., 1 : 2 * half : 2]
+        out[..., 0 : 2 * half : 2], out[..., 1 : 2 * half : 2] = a * c - b * s, a * s + b * c
+    return out
+
+
+def ref_attention(qkv, nh, nkv, dk, dv, q_norm, k_norm, inv_freq, neox, scale, window, f16):
+    """One sequence's full history: qkv [L, width] -> [L, nh * dv]."""
+    L = qkv.shape[0]
+    pos = np.arange(L)
+    q = qkv[:, : nh * dk].reshape(L, nh, dk).astype(np.float64)
+    k = qkv[:, nh * dk : (nh + nkv) * dk].reshape(L, nkv, dk).astype(np.float64)
+    v = qkv[:, (nh + nkv) * dk :].reshape(L, nkv, dv).astype(np.float64)
+    if q_norm.size:
+        q, k = ref_norm(q, q_norm, 1e-6), ref_norm(k, k_norm, 1e-6)
+    q = ref_rope(q, pos, inv_freq, neox) * scale
+    k = ref_rope(k, pos, inv_freq, neox)
+    if f16:
+        k = k.astype(np.float16).astype(np.float64)
+        v = v.astype(np.float16).astype(np.float64)
+    G = nh // nkv
+    out = np.zeros((L, nh, dv))
+    for t in range(L):
+        lo = max(0, t - window + 1) if window else 0
+        for h in range(nh):
+            s = k[lo : t + 1, h // G] @ q[t, h]
+            p = np.exp(s - s.max())
+            out[t, h] = p @ v[lo : t + 1, h // G] / p.sum()
+    return out.reshape(L, nh * dv)
+
+
+class Paged:
+    """A shuffled block pool and per-sequence tables, as the runner builds them."""
+
+    def __init__(self, lengths, nkv, dk, dv, dtype, rng):
+        n_blocks = sum(-(-n // BS) for n in lengths) + 3
+        perm = rng.permutation(n_blocks)
+        self.tables = np.zeros((len(lengths), max(-(-n // BS) for n in lengths)), np.int32)
+        used = 0
+        for s, n in enumerate(lengths):
+            nb = -(-n // BS)
+            self.tables[s, :nb] = perm[used : used + nb]
+            used += nb
+        self.k = np.zeros((n_blocks, nkv, dk, BS), dtype)
+        self.v = np.zeros((n_blocks, nkv, BS, dv), dtype)
+
+    def batch(self, spans):
+        """spans: [(seq, start, stop)] -> (seq_rows, positions, slots) for those tokens."""
+        rows, pos = [], []
+        for s, a, b in spans:
+            rows += [s] * (b - a)
+            pos += list(range(a, b))
+        rows, pos = np.array(rows, np.int32), np.array(pos, np.int32)
+        slots = self.tables[rows, pos // BS].astype(np.int64) * BS + pos % BS
+        return rows, pos, slots
+
+
+def run_case(rng, nh, nkv, dk, dv, qk_norm, neox, window, dtype, lengths, split_at):
+    width = (nh + nkv) * dk + nkv * dv
+    qkvs = [rng.standard_normal((n, width)).astype(np.float32) for n in lengths]
+    q_norm = rng.standard_normal(dk).astype(np.float32) if qk_norm else np.zeros(0, np.float32)
+    k_norm = rng.standard_normal(dk).astype(np.float32) if qk_norm else np.zeros(0, np.float32)
+    inv_freq = rope_inv_freq(dk, 10000.0)
+    scale = dk**-0.5
+    cache = Paged(lengths, nkv, dk, dv, dtype, rng)
+    got = [np.zeros((n, nh * dv), np.float32) for n in lengths]
+    # Two calls: everything before split_at[s] (prefill), then the rest of every sequence.
+    for phase in range(2):
+        spans = [
+            (s, 0, split_at[s]) if phase == 0 else (s, split_at[s], n)
+            for s, n in enumerate(lengths)
+        ]
+        spans = [sp for sp in spans if sp[2] > sp[1]]
+        rows, pos, slots = cache.batch(spans)
+        qkv = np.concatenate([qkvs[s][a:b] for s, a, b in spans])
+        out = self_attention(
+            qkv, q_norm, k_norm, 1e-6, inv_freq, neox, scale, window,
+            cache.k, cache.v, cache.tables, rows, pos, slots, nh,
+        )  # fmt: skip
+        i = 0
+        for s, a, b in spans:
+            got[s][a:b] = out[i : i + b - a]
+            i += b - a
+    for s in range(len(lengths)):
+        want = ref_attention(
+            qkvs[s], nh, nkv, dk, dv, q_norm, k_norm, inv_freq, neox, scale, window,
+            dtype == np.uint16,
+        )  # fmt: skip
+        np.testing.assert_allclose(got[s], want, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32], ids=["f16", "f32"])
+@pytest.mark.parametrize(
+    "nh, nkv, qk_norm, neox, window",
+    [
+        (4, 2, False, False, 0),
+        (6, 1, True, True, 0),
+        (4, 4, False, True, 20),
+        (8, 2, True, False, 7),
+    ],
+)
+def test_batched_sequences(dtype, nh, nkv, qk_norm, neox, window):
+    rng = np.random.default_rng(nh * 10 + nkv + window)
+    # Prefill of different lengths (one crossing several blocks), then a mixed batch: decode
+    # steps, a second prefill chunk, and a sequence that only starts in phase two.
+    run_case(
+        rng, nh, nkv, 32, 32, qk_norm, neox, window, dtype,
+        lengths=[40, 17, 5, 3], split_at=[39, 16, 1, 0],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("window", [0, 100])
+def test_single_long_query_split_keys(window):
+    # One token attending to 600 positions: too few work items, so keys split into chunks.
+    rng = np.random.default_rng(window)
+    run_case(rng, 4, 1, 64, 64, False, True, window, np.uint16, lengths=[600], split_at=[599])
+
+
+def test_value_head_dim_differs():
+    rng = np.random.default_rng(7)
+    run_case(rng, 4, 2, 32, 16, False, True, 0, np.float32, lengths=[20, 9], split_at=[10, 8])

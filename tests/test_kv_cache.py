@@ -1,0 +1,74 @@
+"""Block bookkeeping (pure Python) and the KV block pools."""
+
+import numpy as np
+import pytest
+
+from edgeinfer.block_manager import BlockManager, KVCacheFullError
+from edgeinfer.errors import EdgeInferError
+from edgeinfer.kv_cache import KVCache
+
+
+def test_slots_follow_the_block_table():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a = bm.append(seq_id=7, n_tokens=6)  # two blocks
+    b = bm.append(seq_id=9, n_tokens=3)  # one block
+    a += bm.append(seq_id=7, n_tokens=3)  # fills block 2 of seq 7, opens a third
+    table = bm.block_table(7)
+    assert len(table) == 3 and bm.seq_len(7) == 9 and bm.seq_len(9) == 3
+    assert a == [table[p // 4] * 4 + p % 4 for p in range(9)]
+    assert set(table).isdisjoint(bm.block_table(9))
+    assert len({*a, *b}) == 12  # no slot handed out twice
+    assert bm.num_free_blocks == 8 - 4
+
+
+def test_blocks_needed_counts_partial_blocks():
+    bm = BlockManager(num_blocks=4, block_size=16)
+    assert (
+        bm.blocks_needed(1, 1) == 1
+        and bm.blocks_needed(1, 16) == 1
+        and bm.blocks_needed(1, 17) == 2
+    )
+    bm.append(1, 10)
+    assert bm.blocks_needed(1, 6) == 0 and bm.blocks_needed(1, 7) == 1
+
+
+def test_full_pool_raises_and_changes_nothing():
+    bm = BlockManager(num_blocks=2, block_size=4)
+    bm.append(1, 5)
+    assert not bm.can_append(2, 5)
+    with pytest.raises(KVCacheFullError) as e:
+        bm.append(2, 5)
+    assert isinstance(e.value, EdgeInferError) and "KV cache full" in str(e.value)
+    assert bm.seq_len(2) == 0 and bm.num_free_blocks == 0
+
+
+def test_free_returns_blocks_for_reuse():
+    bm = BlockManager(num_blocks=3, block_size=2)
+    bm.append(1, 6)
+    assert bm.num_free_blocks == 0
+    bm.free(1)
+    bm.free(1)  # idempotent
+    assert bm.num_free_blocks == 3 and bm.seq_len(1) == 0 and bm.block_table(1) == []
+    assert sorted(bm.append(2, 6)) == list(range(6))
+
+
+@pytest.mark.parametrize("dtype, storage", [("f16", np.uint16), ("f32", np.float32)])
+def test_pools(dtype, storage):
+    kv = KVCache(n_layers=3, n_kv_heads=2, head_dim=8, v_head_dim=4, num_blocks=5, dtype=dtype)
+    assert len(kv.k) == 3 and kv.k[1].shape == (5, 2, 8, 16) and kv.v[2].shape == (5, 2, 16, 4)
+    assert (
+        kv.k[0].dtype == storage and kv.nbytes == 3 * 5 * 2 * 16 * 12 * np.dtype(storage).itemsize
+    )
+    kv.k[1][0, 0, 0, 0] = 1  # layer views alias the pool
+    assert kv.k_pool[1, 0, 0, 0, 0] == 1
+    kv.blocks.append(4, 20)
+    kv.blocks.append(5, 3)
+    tables = kv.block_tables([5, 4])
+    assert tables.dtype == np.int32 and tables.shape == (2, 2)
+    assert tables[0, 0] == kv.blocks.block_table(5)[0]
+    assert list(tables[1]) == kv.blocks.block_table(4)
+
+
+def test_bad_dtype():
+    with pytest.raises(ValueError, match="f16"):
+        KVCache(1, 1, 8, 8, 1, dtype="q8")

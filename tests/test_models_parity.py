@@ -1,0 +1,235 @@
+"""Logits of every architecture against llama.cpp (llama-cpp-python) on the same GGUF file.
+
+Synthetic models: every architecture x every ftype, logits NMSE <= 1e-2, with the prompt fed
+as a prefill followed by single-token decode steps (so the paged cache is read back).
+Real models: mean KL(llama.cpp || edgeinfer) and top-1 agreement over several prompts
+(>= 256 positions), bounded by 1e-3 / 98 % or by llama.cpp's own f16-vs-f32-KV disagreement
+(with a margin) where that floor is higher; greedy continuations agree until a near-tie.
+Both sides use a float16 KV cache. Also: the runner's error handling and batching.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from edgeinfer.models import load_model
+
+from edgeinfer.errors import EdgeInferError, GGUFError
+from edgeinfer.runner import ModelRunner
+
+llama_cpp = pytest.importorskip("llama_cpp")
+
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+FTYPES = (
+    "F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_1", "Q5_0",
+    "Q4_K_M", "Q4_1", "Q4_0", "Q3_K_M", "Q2_K",
+)  # fmt: skip
+N_SYNTH = 48  # > the synthetic gemma3's sliding window (32), so the window matters
+N_PREFILL = 40
+NMSE_MAX = 1e-2
+KL_MAX = 1e-3
+TOP1_MIN = 0.98
+NOISE_MARGIN = 1.5  # allowed multiple of llama.cpp's own f16/f32-KV disagreement
+TOP1_SLACK = 0.03
+# Greedy continuations are compared until llama.cpp's top-2 logit gap drops below this. Single
+# logits differ by up to ~1 between llama.cpp and itself with f16 vs f32 KV on these models
+# (see test_real_model_logits), so a smaller gap is a tie within the oracle's own noise.
+NEAR_TIE = 1.0
+GREEDY_STEPS = 32
+MIN_GREEDY_COMPARED = 16  # over all greedy prompts, so the check is never vacuous
+# Prompts with confident continuations, so greedy decoding runs long before a near-tie.
+GREEDY_PROMPTS = [
+    "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
+    "Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday, Monday, Tuesday,",
+]
+
+PROMPTS = [
+    "The history of the printing press begins in the fifteenth century, when Johannes "
+    "Gutenberg combined movable metal type, oil-based ink and a wooden screw press. Within a "
+    "few decades, printing shops had spread across Europe, and the cost of books fell sharply.",
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    a, b = 0, 1\n'
+    "    for _ in range(n):\n        a, b = b, a + b\n    return a\n\n\nif __name__ == "
+    '"__main__":\n    for i in range(10):\n        print(i, fibonacci(i))\n',
+    "Recipe for a simple tomato soup: chop two onions and three cloves of garlic, soften them in "
+    "olive oil, add a kilogram of ripe tomatoes, a pinch of salt and a litre of stock, simmer "
+    "for twenty minutes, then blend until smooth and season with black pepper and fresh basil.",
+    "Q: What is the capital of France?\nA: Paris. Q: What is the capital of Italy?\nA: Rome.\n"
+    "Q: What is the largest planet in the solar "
+    "system?\nA: Jupiter.\nQ: Who wrote the play Romeo and Juliet?\nA: William Shakespeare.\n"
+    "Q: What is the boiling point of water at sea level in degrees Celsius?\nA:",
+]
+
+
+def oracle(path, n_ctx: int):
+    return llama_cpp.Llama(
+        model_path=str(path), n_ctx=n_ctx, logits_all=True, n_threads=2, verbose=False
+    )
+
+
+def oracle_logits(llm, tokens) -> np.ndarray:
+    llm.reset()
+    llm.eval(tokens)
+    return np.array(llm.scores[: len(tokens)], dtype=np.float64)
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    x = x - x.max(axis=-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+
+
+def kl(ref: np.ndarray, ours: np.ndarray) -> np.ndarray:
+    """KL(softmax(ref) || softmax(ours)) per row."""
+    lp, lq = log_softmax(ref), log_softmax(ours)
+    return (np.exp(lp) * (lp - lq)).sum(axis=-1)
+
+
+@pytest.mark.parametrize("ftype", FTYPES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_synthetic_parity(synthetic_model, arch, ftype):
+    path = synthetic_model(arch, ftype)
+    runner = ModelRunner(path, threads=2, ctx=64)
+    tokens = np.random.default_rng(1).integers(0, runner.config.vocab_size, N_SYNTH).tolist()
+    ours = [runner.forward(0, tokens[:N_PREFILL])]
+    ours += [runner.forward(0, [t]) for t in tokens[N_PREFILL:]]
+    ours = np.concatenate(ours).astype(np.float64)
+    ref = oracle_logits(oracle(path, 64), tokens)
+    nmse = np.sum((ours - ref) ** 2) / np.sum(ref**2)
+    assert nmse <= NMSE_MAX, f"{arch} {ftype}: NMSE {nmse:.2e}"
+
+
+@pytest.fixture(scope="module", params=["smollm2-135m-instruct", "gemma3-270m"])
+def real_pair(request, real_model):
+    path = real_model(request.param)
+    return request.param, ModelRunner(path, threads=2, ctx=512), oracle(path, 512)
+
+
+def test_real_model_logits(real_pair, real_model):
+    """KL and top-1 agreement against llama.cpp, judged against llama.cpp's own noise floor.
+
+    Small models amplify rounding: llama.cpp against itself with only the KV cache precision
+    changed (f16 -> f32) differs by a mean KL of ~3.6e-3 (SmolLM2 135M) and ~6e-3 (Gemma 3
+    270M) on these prompts. An implementation that is not bit-identical to llama.cpp's kernels
+    (its int8 activation quantization, f16 rounding of Q and of softmax weights) cannot get
+    under that floor, so the bounds are KL_MAX / TOP1_MIN or the floor (with a margin),
+    whichever is looser; the floor is measured here, on the same prompts.
+    """
+    name, runner, llm = real_pair
+    f32kv = llama_cpp.Llama(
+        model_path=str(real_model(name)), n_ctx=512, logits_all=True, n_threads=2,
+        verbose=False, type_k=0, type_v=0,  # GGML_TYPE_F32
+    )  # fmt: skip
+    kls, agree, floor_kls, floor_agree = [], [], [], []
+    for i, text in enumerate(PROMPTS):
+        tokens = llm.tokenize(text.encode(), add_bos=True, special=False)
+        ref = oracle_logits(llm, tokens)
+        ours = runner.forward(100 + i, tokens)
+        runner.free(100 + i)
+        other = oracle_logits(f32kv, tokens)
+        kls.append(kl(ref, ours))
+        agree.append(ref.argmax(-1) == ours.argmax(-1))
+        floor_kls.append(kl(ref, other))
+        floor_agree.append(ref.argmax(-1) == other.argmax(-1))
+    kls, agree = np.concatenate(kls), np.concatenate(agree)
+    floor_kl, floor_top1 = np.concatenate(floor_kls).mean(), np.concatenate(floor_agree).mean()
+    assert kls.size >= 256
+    print(
+        f"{name}: {kls.size} positions, mean KL {kls.mean():.2e} (median {np.median(kls):.1e}), "
+        f"top-1 {agree.mean():.2%}; llama.cpp f16 vs f32 KV: KL {floor_kl:.2e}, "
+        f"top-1 {floor_top1:.2%}"
+    )
+    assert kls.mean() <= max(KL_MAX, NOISE_MARGIN * floor_kl)
+    assert agree.mean() >= min(TOP1_MIN, floor_top1 - TOP1_SLACK)
+
+
+def test_real_model_greedy(real_pair):
+    name, runner, llm = real_pair
+    total = 0
+    for i, text in enumerate(GREEDY_PROMPTS):
+        tokens = llm.tokenize(text.encode(), add_bos=True, special=False)
+        llm.reset()
+        llm.eval(tokens)
+        ours = runner.forward_last(200 + i, tokens)
+        compared = 0
+        for _ in range(GREEDY_STEPS):
+            ref = np.array(llm.scores[llm.n_tokens - 1])
+            top2 = np.sort(ref)[-2:]
+            if top2[1] - top2[0] < NEAR_TIE:
+                break
+            want = int(ref.argmax())
+            assert int(ours.argmax()) == want, f"{name}: step {compared} differs"
+            compared += 1
+            llm.eval([want])
+            ours = runner.forward_last(200 + i, [want])
+        runner.free(200 + i)
+        total += compared
+        print(f"{name} prompt {i}: {compared} greedy tokens agree before a near-tie/end")
+    assert total >= MIN_GREEDY_COMPARED
+
+
+@pytest.fixture(scope="module")
+def small_runner(synthetic_model):
+    # F32 weights: the small-n and large-n matmul paths then agree to float rounding, so
+    # batching and caching are compared exactly rather than through int8 activation noise.
+    return ModelRunner(synthetic_model("llama", "F32"), threads=2, ctx=40, max_seqs=2)
+
+
+def test_bad_token_ids(small_runner):
+    vocab = small_runner.config.vocab_size
+    for bad in ([vocab], [-1], [1.5], []):
+        with pytest.raises(EdgeInferError):
+            small_runner.forward(0, bad)
+    assert small_runner.seq_len(0) == 0
+
+
+def test_context_overflow_leaves_sequence_intact(small_runner):
+    small_runner.forward_last(1, list(range(30)))
+    with pytest.raises(EdgeInferError, match="context length 40"):
+        small_runner.forward_last(1, list(range(11)))
+    assert small_runner.seq_len(1) == 30
+    small_runner.forward_last(1, list(range(10)))  # exactly up to the limit still works
+    assert small_runner.seq_len(1) == 40
+    small_runner.free(1)
+
+
+def test_forward_last_and_batch_match_forward(small_runner):
+    r = small_runner
+    a, b = list(range(5, 30)), list(range(40, 49))
+    full_a = r.forward(2, a)
+    r.free(2)
+    last_a = r.forward_last(2, a)
+    r.free(2)
+    np.testing.assert_allclose(last_a, full_a[-1], rtol=1e-4, atol=1e-4)
+    full_b = r.forward(3, b)
+    r.free(3)
+    # One pass over two sequences; then a batched decode step continuing both.
+    out = r.forward_batch([(2, a[:20]), (3, b)], all_logits=True)
+    np.testing.assert_allclose(out[0], full_a[:20], rtol=1e-3, atol=1e-3)
+    np.testing.assert_allclose(out[1], full_b, rtol=1e-3, atol=1e-3)
+    step = r.forward_batch([(3, [7]), (2, a[20:21])])
+    ref_a = r.forward(4, a[:21])[-1]
+    np.testing.assert_allclose(step[1][0], ref_a, rtol=1e-3, atol=1e-3)
+    for s in (2, 3, 4):
+        r.free(s)
+
+
+def test_kv_f32_close_to_f16(synthetic_model):
+    path = synthetic_model("qwen3", "F32")
+    tokens = list(range(3, 40))
+    a = ModelRunner(path, ctx=64, kv_dtype="f16").forward(0, tokens)
+    b = ModelRunner(path, ctx=64, kv_dtype="f32").forward(0, tokens)
+    assert np.sum((a - b) ** 2) / np.sum(b**2) < 1e-4
+    with pytest.raises(EdgeInferError, match="kv dtype"):
+        ModelRunner(path, kv_dtype="q4")
+
+
+def test_unsupported_architecture(synthetic_model):
+    from edgeinfer.gguf_reader import read_gguf
+    from edgeinfer.model_config import ModelConfig
+
+    g = read_gguf(synthetic_model("llama", "F32"))
+    config = dataclasses.replace(ModelConfig.from_gguf(g), arch="mamba")
+    with pytest.raises(GGUFError, match="supported: llama, qwen2, qwen3, gemma3"):
+        load_model(g, config)
