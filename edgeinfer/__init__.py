@@ -1,6 +1,21 @@
 """edgeinfer: a CPU-first LLM inference runtime for GGUF model files."""
 
+from importlib import import_module
+
 from edgeinfer.errors import EdgeInferError, GGUFError, ModelNotFoundError, PullError
 
-__all__ = ["EdgeInferError", "GGUFError", "ModelNotFoundError", "PullError"]
+# The API classes load on first use so that `import edgeinfer` (every CLI start) stays cheap.
+_LAZY = {
+    "LLM": "edgeinfer.llm",
+    "Completion": "edgeinfer.completion",
+    "SamplingParams": "edgeinfer.sampling",
+}
+
+__all__ = ["EdgeInferError", "GGUFError", "ModelNotFoundError", "PullError", *_LAZY]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'edgeinfer' has no attribute {name!r}")

@@ -1,0 +1,86 @@
+"""`edgeinfer run`: complete one prompt, streaming tokens to stdout, then a stats line on stderr."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated
+
+import typer
+
+from edgeinfer.errors import EdgeInferError
+from edgeinfer.hub import DEFAULT_MODEL
+
+
+def run(
+    model: Annotated[
+        str, typer.Argument(help="GGUF path or short model name.", show_default=True)
+    ] = DEFAULT_MODEL,
+    prompt: Annotated[str | None, typer.Option("--prompt", "-p", help="The prompt.")] = None,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", "-n", help="Tokens to generate; -1 = until EOS.")
+    ] = 256,
+    temp: Annotated[float, typer.Option("--temp", help="Temperature; 0 = greedy.")] = 0.8,
+    top_k: Annotated[int, typer.Option("--top-k", help="0 = disabled.")] = 40,
+    top_p: Annotated[float, typer.Option("--top-p", help="1 = disabled.")] = 0.95,
+    min_p: Annotated[float, typer.Option("--min-p", help="0 = disabled.")] = 0.05,
+    repeat_penalty: Annotated[
+        float, typer.Option("--repeat-penalty", help="Over the last 64 tokens; 1 = disabled.")
+    ] = 1.0,
+    seed: Annotated[int | None, typer.Option("--seed", help="Fixed seed: same output.")] = None,
+    stop: Annotated[
+        list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")
+    ] = None,
+    ignore_eos: Annotated[
+        bool, typer.Option("--ignore-eos", help="Keep generating past end-of-text tokens.")
+    ] = False,
+    chat: Annotated[
+        bool, typer.Option("--chat", help="Send the prompt as a user message (chat template).")
+    ] = False,
+    threads: Annotated[int | None, typer.Option("--threads", "-t", help="CPU threads.")] = None,
+    ctx: Annotated[int | None, typer.Option("--ctx", "-c", help="Context length.")] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object (text + metrics) instead.")
+    ] = False,
+) -> None:
+    """Complete a prompt: tokens stream to stdout, then a stats line goes to stderr."""
+    from edgeinfer.llm import LLM
+    from edgeinfer.sampling import SamplingParams
+
+    if prompt is None:
+        raise EdgeInferError("no prompt: pass one with -p/--prompt")
+    if max_tokens == 0 or max_tokens < -1:
+        raise EdgeInferError(f"-n/--max-tokens must be >= 1 or -1 (got {max_tokens})")
+    for flag, value in (("--threads", threads), ("--ctx", ctx)):
+        if value is not None and value < 1:
+            raise EdgeInferError(f"{flag} must be >= 1 (got {value})")
+    params = SamplingParams(
+        temperature=temp,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repetition_penalty=repeat_penalty,
+        seed=seed,
+        stop=stop,
+        max_tokens=None if max_tokens == -1 else max_tokens,
+        ignore_eos=ignore_eos,
+    )
+    llm = LLM(model, threads=threads, ctx=ctx)
+    if chat and llm.chat_template is None:
+        print("note: the model has no chat template; running a plain completion", file=sys.stderr)
+    if chat:
+        stream = llm.stream_chat([{"role": "user", "content": prompt}], params)
+    else:
+        stream = llm.stream(prompt, params)
+    if json_out:
+        for _ in stream:
+            pass
+        result = stream.completion
+        print(json.dumps({"model": model, "chat": chat, **result.as_dict()}, ensure_ascii=False))
+        return
+    for delta in stream:
+        sys.stdout.write(delta)
+        sys.stdout.flush()
+    sys.stdout.write("\n")
+    sys.stdout.flush()
+    print(stream.completion.metrics.summary(), file=sys.stderr)

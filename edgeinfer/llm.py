@@ -1,0 +1,199 @@
+"""The Python API: `LLM(model).generate(prompts, SamplingParams(...))`, named after vLLM's.
+
+Requests run one after another for now; each is a `Sequence` driven by `_run`, the only
+place that calls the model, so a batching engine can take its place without changing the API.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from collections.abc import Sequence as Seq
+from time import perf_counter
+
+import numpy as np
+
+from edgeinfer.completion import Completion, Metrics
+from edgeinfer.errors import EdgeInferError
+from edgeinfer.sampling import SamplingParams
+from edgeinfer.sequence import Sequence
+
+__all__ = ["LLM", "Completion", "Metrics", "PromptError", "Stream"]
+
+Prompt = str | Seq[int]  # text, or token ids used as they are
+Messages = Seq[dict]  # [{"role": "system" | "user" | "assistant", "content": str}, ...]
+
+
+class PromptError(EdgeInferError, ValueError):
+    """A prompt that cannot run: empty, longer than the context, or with out-of-vocab ids."""
+
+
+class Stream:
+    """Iterator over a request's text deltas; `.completion` holds the result once it is done.
+
+    Closing it early (or dropping it) frees the request's KV cache.
+    """
+
+    def __init__(self, seq: Sequence, deltas: Iterator[str]):
+        self._seq = seq
+        self._deltas = deltas
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> str:
+        return next(self._deltas)
+
+    def close(self) -> None:
+        self._deltas.close()
+
+    @property
+    def completion(self) -> Completion:
+        if not self._seq.finished:
+            raise EdgeInferError("the stream has not finished yet")
+        return Completion.from_sequence(self._seq)
+
+
+class LLM:
+    """A loaded model. `model` is a GGUF path or a short name (`edgeinfer pull` lists them)."""
+
+    def __init__(
+        self, model: str, threads: int | None = None, ctx: int | None = None, kv_dtype: str = "f16"
+    ):
+        from edgeinfer.runner import ModelRunner
+
+        self._runner = ModelRunner(model, threads=threads, ctx=ctx, kv_dtype=kv_dtype, max_seqs=1)
+        self.config = self._runner.config
+        self.tokenizer = self._runner.tokenizer
+        self.chat_template = self._runner.chat_template
+        self._seq_ids = itertools.count()
+
+    @property
+    def max_context(self) -> int:
+        return self._runner.max_context
+
+    def logits(self, token_ids: Seq[int]) -> np.ndarray:
+        """Logits after every position: # token_ids: [n] -> [n, vocab] float32 (for evaluation)."""
+        ids = self._check_ids(token_ids, limit=self.max_context)
+        seq_id = next(self._seq_ids)
+        try:
+            return self._runner.forward(seq_id, ids)
+        finally:
+            self._runner.free(seq_id)
+
+    def generate(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        params: SamplingParams | Seq[SamplingParams] | None = None,
+    ) -> list[Completion]:
+        """Complete each prompt (text or token ids); one Completion per prompt, in order."""
+        if isinstance(prompts, str) or (len(prompts) and _is_token(prompts[0])):
+            prompts = [prompts]
+        seqs = self._sequences([self._encode(p) for p in prompts], params, prompts)
+        for seq in seqs:
+            for _ in self._run(seq):
+                pass
+        return [Completion.from_sequence(seq) for seq in seqs]
+
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Stream:
+        """Text deltas of one completion as they are produced (stop strings never leak)."""
+        (seq,) = self._sequences([self._encode(prompt)], params, [prompt])
+        return Stream(seq, self._run(seq))
+
+    def chat(
+        self, messages: Messages | Seq[Messages], params: SamplingParams | None = None
+    ) -> list[Completion]:
+        """Reply to one conversation or to each of a list of them, using the model's template."""
+        convs = [messages] if not messages or isinstance(messages[0], dict) else list(messages)
+        seqs = self._sequences([self.chat_token_ids(c) for c in convs], params, None)
+        for seq in seqs:
+            for _ in self._run(seq):
+                pass
+        return [Completion.from_sequence(seq) for seq in seqs]
+
+    def stream_chat(self, messages: Messages, params: SamplingParams | None = None) -> Stream:
+        (seq,) = self._sequences([self.chat_token_ids(messages)], params, None)
+        return Stream(seq, self._run(seq))
+
+    def chat_token_ids(self, messages: Messages) -> list[int]:
+        """The prompt a conversation becomes.
+
+        With a chat template: the rendered template, tokenized with special tokens parsed. A
+        base model has none; like Ollama (whose default template is the bare prompt) and
+        design.md, it then runs as a plain completion of the messages' contents, one per line.
+        """
+        if not messages or not all(
+            isinstance(m, dict)
+            and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str)
+            for m in messages
+        ):
+            raise PromptError("messages must be a non-empty list of {'role': str, 'content': str}")
+        if self.chat_template is None:
+            return self._encode("\n".join(m["content"] for m in messages))
+        ids = self.tokenizer.encode(self.chat_template.render(list(messages)), special=True)
+        # templates that write the BOS token themselves would otherwise get a second one
+        bos = self.tokenizer.bos_id
+        if len(ids) > 1 and bos is not None and ids[0] == ids[1] == bos:
+            ids = ids[1:]
+        return ids
+
+    def _encode(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            # special=True: control tokens written in the prompt mean themselves, as in
+            # llama.cpp's completion tools and llama-cpp-python's create_completion
+            return self.tokenizer.encode(prompt, special=True)
+        return self._check_ids(prompt, limit=None)
+
+    def _check_ids(self, ids: Seq[int], limit: int | None) -> list[int]:
+        vocab = self.config.vocab_size
+        ids = [int(t) for t in ids]
+        if not ids:
+            raise PromptError("the prompt is empty (no tokens to run)")
+        if not all(0 <= t < vocab for t in ids):
+            raise PromptError(f"token ids must be in [0, {vocab}) for this model")
+        if limit is not None and len(ids) > limit:
+            raise PromptError(f"{len(ids)} tokens do not fit the context of {limit} tokens")
+        return ids
+
+    def _sequences(self, prompt_ids: list[list[int]], params, prompts) -> list[Sequence]:
+        """Validate every request before any compute, then make their Sequences."""
+        params = params if params is not None else SamplingParams()
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompt_ids)
+        if len(params) != len(prompt_ids):
+            raise EdgeInferError(f"{len(params)} SamplingParams for {len(prompt_ids)} prompts")
+        ctx = self.max_context
+        for ids in prompt_ids:
+            if not ids:
+                raise PromptError("the prompt is empty (no tokens to run)")
+            if len(ids) >= ctx:
+                raise PromptError(
+                    f"the prompt is {len(ids)} tokens but the context holds {ctx} (including at"
+                    " least one generated token): shorten the prompt or raise the context (--ctx)"
+                )
+        texts = [p if isinstance(p, str) else None for p in prompts or [None] * len(prompt_ids)]
+        return [
+            Sequence(next(self._seq_ids), ids, p, self.tokenizer, ctx, prompt=text)
+            for ids, p, text in zip(prompt_ids, params, texts, strict=True)
+        ]
+
+    def _run(self, seq: Sequence) -> Iterator[str]:
+        """Prefill, then decode one token at a time, yielding text as it becomes safe to show."""
+        runner = self._runner
+        try:
+            seq.t_scheduled = perf_counter()
+            logits = runner.forward_last(seq.seq_id, seq.prompt_token_ids)
+            while True:
+                delta = seq.append(seq.sample(logits))
+                if delta:
+                    yield delta
+                if seq.finished:
+                    return
+                logits = runner.forward_last(seq.seq_id, [seq.last_token])
+        finally:
+            runner.free(seq.seq_id)
+
+
+def _is_token(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)

@@ -1,0 +1,96 @@
+"""One request's state: its tokens, sampler, streamed text, stop state and timings.
+
+Whoever runs the model (the serial loop in `LLM`, later the batching engine) drives every
+request the same way: `token = seq.sample(logits)`, `delta = seq.append(token)`, until
+`seq.finished`; the KV cache is addressed by `seq.seq_id`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+from time import perf_counter
+
+from edgeinfer.sampling import Sampler, SamplingParams
+from edgeinfer.stop import StopStrings
+
+
+class Sequence:
+    def __init__(
+        self,
+        seq_id: int,
+        prompt_token_ids: Seq[int],
+        params: SamplingParams,
+        tokenizer,
+        max_context: int,
+        prompt: str | None = None,
+    ):
+        self.seq_id = seq_id
+        self.prompt = prompt
+        self.params = params
+        self.max_context = max_context
+        self.token_ids = list(prompt_token_ids)  # prompt + output: the penalties' history
+        self.num_prompt_tokens = len(self.token_ids)
+        self.text = ""
+        self.finish_reason: str | None = None
+        self._sampler = Sampler(params)
+        self._decoder = tokenizer.stream_decoder()
+        self._stop = StopStrings(params.stop)
+        eos = frozenset() if params.ignore_eos else frozenset(tokenizer.eos_ids)
+        self._end_ids = eos | frozenset(params.stop_token_ids)
+        self._shown = 0  # len of self.text already handed out as deltas
+        self.t_arrival = perf_counter()
+        self.t_scheduled: float | None = None  # set by the runner loop when prefill starts
+        self.t_first_token: float | None = None
+        self.t_last_token: float | None = None
+
+    @property
+    def prompt_token_ids(self) -> list[int]:
+        return self.token_ids[: self.num_prompt_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def last_token(self) -> int:
+        return self.token_ids[-1]
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def sample(self, logits) -> int:
+        """# logits: [vocab] float32 for the position after the last token -> next token id"""
+        return self._sampler(logits, self.token_ids)
+
+    def append(self, token: int) -> str:
+        """Add a generated token; return the text that became safe to show (may be empty)."""
+        now = perf_counter()
+        if self.t_first_token is None:
+            self.t_first_token = now
+        self.t_last_token = now
+        self.token_ids.append(token)
+        grown_from = len(self.text)
+        if token in self._end_ids:
+            self.finish_reason = "stop"
+        else:
+            self.text += self._decoder.push(token)
+            if (
+                self.num_output_tokens == self.params.max_tokens
+                or len(self.token_ids) >= self.max_context
+            ):
+                self.finish_reason = "length"
+        if self.finished:  # an unfinished UTF-8 character left at the end becomes U+FFFD
+            self.text += self._decoder.flush()
+        cut = self._stop.find(self.text, grown_from) if self.params.stop else -1
+        if cut >= 0:
+            self.text = self.text[:cut]
+            self.finish_reason = "stop"
+        end = len(self.text) if self.finished else self._stop.safe_len(self.text)
+        delta = self.text[self._shown : end]
+        self._shown = end
+        return delta
