@@ -16,10 +16,9 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-# Until the chat TUI lands (issue 7): pull the default model and show what it is and whether it fits.
+# Opens the chat TUI; the model is pulled on first use (progress on the loading screen).
 chat: setup
-	$(BIN)/edgeinfer pull $(MODEL)
-	$(BIN)/edgeinfer info $(MODEL)
+	$(BIN)/edgeinfer chat $(MODEL)
 
 test: setup
 	$(BIN)/python -m pytest

@@ -48,6 +48,11 @@ class Stream:
         self._deltas.close()
 
     @property
+    def sequence(self) -> Sequence:
+        """The request's live state (token counts, timings), for progress displays."""
+        return self._seq
+
+    @property
     def completion(self) -> Completion:
         if not self._seq.finished:
             raise EdgeInferError("the stream has not finished yet")
@@ -71,6 +76,11 @@ class LLM:
     @property
     def max_context(self) -> int:
         return self._runner.max_context
+
+    def kv_usage(self) -> tuple[int, int]:
+        """(used, total) blocks of the paged KV cache."""
+        blocks = self._runner.kv.blocks
+        return blocks.num_blocks - blocks.num_free_blocks, blocks.num_blocks
 
     def logits(self, token_ids: Seq[int]) -> np.ndarray:
         """Logits after every position: # token_ids: [n] -> [n, vocab] float32 (for evaluation)."""

@@ -1,1 +1,1 @@
-"""edgeinfer.tui"""
+"""The terminal chat app behind `edgeinfer chat` (entry point: app.ChatApp)."""
