@@ -18,9 +18,9 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 
-import edgeinfer.models.base as base
 import numpy as np
 
+import edgeinfer.models.base as base
 from edgeinfer.runner import ModelRunner
 
 # Thin Python wrappers around one compiled kernel each (their own overhead is an np.empty).

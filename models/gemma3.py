@@ -10,6 +10,7 @@ used as they are, as llama.cpp does.
 import math
 
 import numpy as np
+
 from edgeinfer.kernels.activations import GELU_TANH
 from edgeinfer.kernels.rope import rope_inv_freq
 

@@ -7,6 +7,7 @@ float16 and float32 caches, and the split-key (flash-decoding) path for a lone l
 
 import numpy as np
 import pytest
+
 from edgeinfer.kernels.attention import self_attention
 from edgeinfer.kernels.rope import rope_inv_freq
 

@@ -3,13 +3,13 @@
 import numba
 import numpy as np
 import pytest
-from edgeinfer.kernels import registry
-from edgeinfer.kernels.act_quant import quantize_act
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 from threadpoolctl import threadpool_info
 
 from edgeinfer import EdgeInferError, kernels
+from edgeinfer.kernels import registry
+from edgeinfer.kernels.act_quant import quantize_act
 
 T = GGMLQuantizationType
 LEGACY = (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)

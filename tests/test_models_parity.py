@@ -14,9 +14,9 @@ import dataclasses
 
 import numpy as np
 import pytest
-from edgeinfer.models import load_model
 
 from edgeinfer.errors import EdgeInferError, GGUFError
+from edgeinfer.models import load_model
 from edgeinfer.runner import ModelRunner
 
 llama_cpp = pytest.importorskip("llama_cpp")

@@ -3,11 +3,12 @@ against plain numpy written from the definitions."""
 
 import numpy as np
 import pytest
+from numba import njit
+
 from edgeinfer.kernels.activations import GELU_TANH, SILU, gated_act, softcap_, softmax
 from edgeinfer.kernels.attention import float_to_half
 from edgeinfer.kernels.norm import add_rms_norm, rms_norm
 from edgeinfer.kernels.rope import apply_rope, rope_inv_freq
-from numba import njit
 
 RNG = np.random.default_rng(0)
 
