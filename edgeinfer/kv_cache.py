@@ -56,11 +56,6 @@ class KVCache:
             dtype,
         )
 
-    @staticmethod
-    def bytes_per_token(config: ModelConfig, dtype: str = "f16") -> int:
-        item = np.dtype(KV_DTYPES[dtype]).itemsize
-        return config.n_layers * config.n_kv_heads * (config.head_dim + config.v_head_dim) * item
-
     @property
     def nbytes(self) -> int:
         return self.k_pool.nbytes + self.v_pool.nbytes

@@ -11,7 +11,7 @@ a cache that dropped older blocks there would need only the blocks of one window
 partly filled block at its edge: `kv_bytes_window_capped` reports that lower bound.
 
 Activations (one layer at a time, buffers reused across layers), for a prefill chunk of
-T = min(512, ctx) tokens in float32:
+T = min(PREFILL_CHUNK, ctx) tokens in float32:
     T × (2·n_embd + q_dim + k_dim + v_dim + attn_out_dim + 2·n_ff) × 4   residual, norm,
         q/k/v, attention output, FFN gate and up (the activation is applied in place)
   + parallel × vocab × 4                             logits of the last position of each sequence
@@ -22,20 +22,22 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import psutil
 
 from edgeinfer.gguf_reader import GGUFFile
+from edgeinfer.kv_cache import BLOCK_SIZE, KV_DTYPES
 from edgeinfer.model_config import ModelConfig
 
-BLOCK_TOKENS = 16
+# Longest run of tokens one forward call processes; longer prompts go in chunks, which bounds
+# activation memory (the chunk's K/V are in the cache before the next chunk attends to them).
 PREFILL_CHUNK = 512
 # The context the runtime uses when none is given (the model's, capped: 32k-token KV caches
 # surprise people).
 DEFAULT_CTX = 4096
-KV_DTYPE_BYTES = {"f16": 2, "f32": 4}
 ACTIVATION_FORMULA = (
-    "min(512, ctx) x (2*n_embd + q_dim + k_dim + v_dim + attn_out_dim + 2*n_ff) x 4 B"
-    " + parallel x vocab x 4 B (logits)"
+    f"min({PREFILL_CHUNK}, ctx) x (2*n_embd + q_dim + k_dim + v_dim + attn_out_dim + 2*n_ff)"
+    " x 4 B + parallel x vocab x 4 B (logits)"
 )
 
 
@@ -57,7 +59,7 @@ class MemoryPlan:
     fits: bool
     max_ctx: int  # largest per-sequence context that fits with `parallel` (0: none)
     max_ctx_limit: str  # "memory" or "model" (the trained context length capped it)
-    block_tokens: int = BLOCK_TOKENS
+    block_tokens: int = BLOCK_SIZE
     prefill_chunk: int = PREFILL_CHUNK
     activation_formula: str = ACTIVATION_FORMULA
 
@@ -66,11 +68,11 @@ class MemoryPlan:
 
 
 def _blocks(tokens: int) -> int:
-    return -(-tokens // BLOCK_TOKENS)
+    return -(-tokens // BLOCK_SIZE)
 
 
 def kv_layer_bytes_per_token(cfg: ModelConfig, kv_dtype: str) -> int:
-    return cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim) * KV_DTYPE_BYTES[kv_dtype]
+    return cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim) * np.dtype(KV_DTYPES[kv_dtype]).itemsize
 
 
 def n_sliding_layers(cfg: ModelConfig) -> int:
@@ -81,7 +83,7 @@ def kv_bytes(
     cfg: ModelConfig, ctx: int, parallel: int, kv_dtype: str, window_capped: bool = False
 ) -> int:
     """KV cache bytes for `parallel` sequences of `ctx` tokens each, in whole blocks."""
-    per_layer_block = kv_layer_bytes_per_token(cfg, kv_dtype) * BLOCK_TOKENS
+    per_layer_block = kv_layer_bytes_per_token(cfg, kv_dtype) * BLOCK_SIZE
     full_blocks = _blocks(ctx)
     n_sliding = n_sliding_layers(cfg) if window_capped else 0
     window_blocks = min(full_blocks, _blocks(cfg.sliding_window or ctx) + 1)
@@ -113,11 +115,11 @@ def _max_ctx(cfg, fixed: int, parallel: int, kv_dtype: str, available: int) -> t
     lo, hi = 0, _blocks(cfg.ctx_len)  # in blocks; need(lo) fits (or lo = 0), need(hi) does not
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if _needed(cfg, fixed, mid * BLOCK_TOKENS, parallel, kv_dtype) <= available:
+        if _needed(cfg, fixed, mid * BLOCK_SIZE, parallel, kv_dtype) <= available:
             lo = mid
         else:
             hi = mid
-    return lo * BLOCK_TOKENS, "memory"
+    return lo * BLOCK_SIZE, "memory"
 
 
 def plan(
@@ -131,8 +133,8 @@ def plan(
 ) -> MemoryPlan:
     """The memory plan for `parallel` sequences of `ctx` tokens (default: the model's context
     length, at most DEFAULT_CTX); available_bytes defaults to the RAM available now."""
-    if kv_dtype not in KV_DTYPE_BYTES:
-        raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPE_BYTES)}, got {kv_dtype!r}")
+    if kv_dtype not in KV_DTYPES:
+        raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
     ctx = min(cfg.ctx_len, DEFAULT_CTX) if ctx is None else ctx
     if ctx < 1 or parallel < 1:
         raise ValueError("ctx and parallel must be at least 1")

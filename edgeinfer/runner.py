@@ -13,19 +13,16 @@ from functools import cached_property
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from edgeinfer import kernels
 from edgeinfer.block_manager import KVCacheFullError
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.gguf_reader import read_gguf
 from edgeinfer.kv_cache import BLOCK_SIZE, KV_DTYPES, KVCache
+from edgeinfer.memory_plan import DEFAULT_CTX, PREFILL_CHUNK, kv_bytes
 from edgeinfer.model_config import ModelConfig
 from edgeinfer.models import Batch, load_model
-
-DEFAULT_CTX = 4096
-# Longest run of tokens one forward call processes; longer prompts go in chunks, which bounds
-# activation memory (the chunk's K/V are in the cache before the next chunk attends to them).
-PREFILL_CHUNK = 512
 
 
 class ContextLengthError(EdgeInferError):
@@ -67,8 +64,21 @@ class ModelRunner:
         self.config = ModelConfig.from_gguf(self.gguf)
         self.model = load_model(self.gguf, self.config)
         self._max_context = ctx if ctx is not None else min(self.config.ctx_len, DEFAULT_CTX)
+        self._check_kv_budget(max_seqs, kv_dtype)
         blocks_per_seq = math.ceil(self._max_context / BLOCK_SIZE)
         self.kv = KVCache.for_model(self.config, max_seqs * blocks_per_seq, kv_dtype)
+
+    def _check_kv_budget(self, max_seqs: int, kv_dtype: str) -> None:
+        """Refuse a KV cache larger than the RAM available now, before allocating it (np.zeros
+        would succeed lazily and the process would be killed later, mid-reply)."""
+        need = kv_bytes(self.config, self._max_context, max_seqs, kv_dtype)
+        available = psutil.virtual_memory().available
+        if need > available:
+            raise EdgeInferError(
+                f"a {kv_dtype} KV cache for {max_seqs} x {self._max_context} tokens needs "
+                f"{need / 2**30:.1f} GiB but {available / 2**30:.1f} GiB of RAM is available; "
+                "use a smaller --ctx (`edgeinfer info MODEL` shows the largest that fits)"
+            )
 
     @cached_property
     def tokenizer(self):

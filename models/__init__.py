@@ -4,7 +4,6 @@ Adding an architecture: a new module with a `DecoderModel` subclass and one entr
 ARCHITECTURES (plus ModelConfig's list of supported architectures).
 """
 
-from edgeinfer.errors import GGUFError
 from edgeinfer.gguf_reader import GGUFFile
 from edgeinfer.model_config import ModelConfig
 
@@ -23,14 +22,10 @@ ARCHITECTURES: dict[str, type[DecoderModel]] = {
 
 
 def load_model(g: GGUFFile, config: ModelConfig) -> DecoderModel:
-    """The model for config.arch with its weights from g (kept memory-mapped where possible)."""
-    cls = ARCHITECTURES.get(config.arch)
-    if cls is None:
-        supported = ", ".join(ARCHITECTURES)
-        raise GGUFError(
-            g.path, f"unsupported architecture {config.arch!r} (supported: {supported})"
-        )
-    return cls(g, config)
+    """The model for config.arch with its weights from g (kept memory-mapped where possible).
+
+    ModelConfig.from_gguf has already refused architectures outside SUPPORTED_ARCHS."""
+    return ARCHITECTURES[config.arch](g, config)
 
 
 __all__ = ["ARCHITECTURES", "Batch", "DecoderModel", "load_model"]

@@ -90,6 +90,7 @@ def test_run_json_and_chat(smol_path):
         (["-p", "hi", "--top-k", "many"], "top-k"),
         (["-p", "hi", "--no-such-flag"], "no-such-flag"),
         (["-p", "word " * 300, "--ctx", "64"], "context"),
+        (["-p", "hi", "--ctx", "100000000000"], "KV cache"),
     ],
 )
 def test_run_user_errors_are_one_line_exit_2(smol_path, args, message):

@@ -1,0 +1,14 @@
+"""Lists of what edgeinfer supports live where each layer needs them; these keep them in step."""
+
+from edgeinfer import kernels
+from edgeinfer.gguf_reader import SUPPORTED_TENSOR_TYPES
+from edgeinfer.model_config import SUPPORTED_ARCHS
+from edgeinfer.models import ARCHITECTURES
+
+
+def test_every_supported_architecture_has_a_model_file():
+    assert set(SUPPORTED_ARCHS) == set(ARCHITECTURES)
+
+
+def test_the_reader_accepts_exactly_the_tensor_types_the_kernels_implement():
+    assert set(SUPPORTED_TENSOR_TYPES) == set(kernels.supported_types())
