@@ -50,13 +50,22 @@ def chat(
         max_tokens=None if max_tokens == -1 else max_tokens,
     )
     _check_model(model)
-    ChatApp(ChatOptions(model, threads, ctx, system, params)).run()
+    app = ChatApp(ChatOptions(model, threads, ctx, system, params))
+    app.run()
+    if app.load_error is not None:  # e.g. a failed pull: the user saw it, the exit code says it
+        raise EdgeInferError(app.load_error)
 
 
 def _check_model(model: str) -> None:
-    """Reject a bad name or path before the screen switches (pulling happens in the app)."""
-    from edgeinfer import hub
+    """Reject a bad name or file before the screen switches: one `error:` line and exit 2.
 
-    if model in hub.MODELS:
+    A short name not pulled yet is pulled (and checked) in the app, behind the loading screen.
+    """
+    from edgeinfer import hub
+    from edgeinfer.gguf_reader import read_gguf
+    from edgeinfer.model_config import ModelConfig
+
+    if model in hub.MODELS and not hub.model_path(model).is_file():
         return
-    hub.resolve_model(model, pull_missing=False)
+    with read_gguf(hub.resolve_model(model, pull_missing=False)) as g:
+        ModelConfig.from_gguf(g)

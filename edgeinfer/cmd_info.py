@@ -14,6 +14,7 @@ from edgeinfer import memory_plan
 from edgeinfer.gguf_reader import GGUFFile, read_gguf
 from edgeinfer.hub import MODELS, resolve_model
 from edgeinfer.model_config import ModelConfig
+from edgeinfer.units import human_bytes, human_count
 
 
 class KVDtype(str, Enum):
@@ -65,20 +66,6 @@ def gather(path: Path, ctx: int | None, parallel: int, kv_dtype: str) -> dict:
             "chat_template": g.get("tokenizer.chat_template") is not None,
             "memory": plan.as_dict(),
         }
-
-
-def human_bytes(n: int | float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
-
-
-def human_count(n: int) -> str:
-    if n >= 1e9:
-        return f"{n / 1e9:.2f} B"
-    return f"{n / 1e6:.1f} M" if n >= 1e6 else f"{n / 1e3:.1f} K"
 
 
 def render(info: dict) -> str:

@@ -177,7 +177,14 @@ def _pip_download(requirements: list[str], dest: Path, progress: Progress) -> No
                 errors="replace",
             ) as proc,
         ):
-            _relay_pip_output(proc.stdout, progress)
+            try:
+                _relay_pip_output(proc.stdout, progress)
+            except BaseException:
+                # Ctrl+C, a quitting app or a failing progress callback: Popen's exit would
+                # wait for pip to finish the download, into a directory about to be removed
+                proc.kill()
+                proc.wait()
+                raise
             code = proc.wait()
             err.seek(0)
             stderr = err.read()

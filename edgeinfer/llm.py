@@ -47,6 +47,15 @@ class Stream:
     def close(self) -> None:
         self._deltas.close()
 
+    def cancel(self) -> None:
+        """Stop the request before its next forward step; safe to call from any thread.
+
+        Unlike `close`, it works while another thread is blocked in the iteration (even on a
+        reply that has produced no text yet): the iteration ends with finish_reason 'abort'
+        and frees the request's KV cache.
+        """
+        self._seq.aborted = True
+
     @property
     def sequence(self) -> Sequence:
         """The request's live state (token counts, timings), for progress displays."""
@@ -56,6 +65,8 @@ class Stream:
     def completion(self) -> Completion:
         if not self._seq.finished:
             raise EdgeInferError("the stream has not finished yet")
+        if self._seq.t_first_token is None:  # cancelled before its first token: no timings
+            raise EdgeInferError("the request was cancelled before it produced a token")
         return Completion.from_sequence(self._seq)
 
 
@@ -70,8 +81,23 @@ class LLM:
         self._runner = ModelRunner(model, threads=threads, ctx=ctx, kv_dtype=kv_dtype, max_seqs=1)
         self.config = self._runner.config
         self.tokenizer = self._runner.tokenizer
-        self.chat_template = self._runner.chat_template
         self._seq_ids = itertools.count()
+
+    @property
+    def chat_template(self):
+        """The model's ChatTemplate, or None for a base model. Compiled on first use, so a
+        template that does not compile only fails the requests that need it."""
+        return self._runner.chat_template
+
+    @property
+    def gguf(self):
+        """The loaded model's GGUFFile (metadata and tensor table), already parsed."""
+        return self._runner.gguf
+
+    @property
+    def threads(self) -> int:
+        """CPU threads the kernels use."""
+        return self._runner.threads
 
     @property
     def max_context(self) -> int:
@@ -193,14 +219,18 @@ class LLM:
         runner = self._runner
         try:
             seq.t_scheduled = perf_counter()
-            logits = runner.forward_last(seq.seq_id, seq.prompt_token_ids)
-            while True:
+            new_ids = seq.prompt_token_ids
+            # checked before every forward step, not after a delta: a reply can run many steps
+            # without any text to show (a held-back stop string, an unfinished character)
+            while not seq.aborted:
+                logits = runner.forward_last(seq.seq_id, new_ids)
                 delta = seq.append(seq.sample(logits))
                 if delta:
                     yield delta
                 if seq.finished:
                     return
-                logits = runner.forward_last(seq.seq_id, [seq.last_token])
+                new_ids = [seq.last_token]
+            seq.finish_reason = "abort"
         finally:
             runner.free(seq.seq_id)
 

@@ -31,7 +31,10 @@ class Sequence:
         self.token_ids = list(prompt_token_ids)  # prompt + output: the penalties' history
         self.num_prompt_tokens = len(self.token_ids)
         self.text = ""
-        self.finish_reason: str | None = None
+        self.finish_reason: str | None = None  # 'stop' | 'length' | 'abort' (cancelled)
+        # Set by another thread (Stream.cancel) and read by the loop before each forward step;
+        # a bool assignment is atomic, so no lock is needed.
+        self.aborted = False
         self._sampler = Sampler(params)
         self._decoder = tokenizer.stream_decoder()
         self._stop = StopStrings(params.stop)

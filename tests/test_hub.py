@@ -96,3 +96,66 @@ def test_pull_default_model_then_no_network(monkeypatch):
     os.utime(path)
     assert hub.pull(hub.DEFAULT_MODEL) == path
     assert hub.resolve_model(hub.DEFAULT_MODEL) == path
+
+
+class _Quit(BaseException):
+    """Stands for Ctrl+C or an app quitting while the loader thread is in pip's progress."""
+
+
+def test_interrupted_download_kills_pip(tmp_path, monkeypatch):
+    """pip fetches from a local index whose wheel stalls after its first bytes; an exception
+    from the progress callback must end pip at once, not wait for the download to finish."""
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    stall_s, release = 30.0, threading.Event()
+
+    class Index(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path.startswith("/simple/"):
+                body = b'<a href="/f/slowpkg-1.0-py3-none-any.whl">slowpkg-1.0-py3-none-any.whl</a>'
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(1 << 20))
+            self.end_headers()
+            self.wfile.flush()
+            release.wait(stall_s)  # pip blocks reading the body, writing nothing
+            try:
+                self.wfile.write(b"\0" * (1 << 20))
+            except OSError:  # pip was killed
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{server.server_port}/simple")
+    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+    for name in ("PIP_NO_INDEX", "PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL"):
+        monkeypatch.delenv(name, raising=False)
+
+    seen, raised_at = [], []
+
+    def progress(message, fraction=None):
+        seen.append(message)
+        # the second call relays pip's "Progress 0 of N": after it, pip has nothing to write
+        # until body bytes arrive (a write to the closed pipe would end pip by itself)
+        if len(seen) == 2:
+            raised_at.append(time.monotonic())
+            raise _Quit
+
+    try:
+        with pytest.raises(_Quit):
+            hub._pip_download(["slowpkg==1.0"], tmp_path, progress)
+        assert time.monotonic() - raised_at[0] < stall_s / 3
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()

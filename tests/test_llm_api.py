@@ -302,3 +302,67 @@ def test_stream_chat_matches_chat_on_real_model(smol):
     assert "".join(stream) == c.text
     assert "." not in c.text
     assert stream.completion.token_ids == c.token_ids
+
+
+# ---- cancellation and lazy loading ----------------------------------------------------------
+
+
+def test_cancel_before_iteration_runs_no_step(tiny):
+    stream = tiny.stream("Hello world", SamplingParams(max_tokens=50, ignore_eos=True))
+    stream.cancel()
+    assert list(stream) == []
+    assert stream.sequence.finish_reason == "abort" and stream.sequence.num_output_tokens == 0
+    assert tiny.kv_usage()[0] == 0
+    with pytest.raises(EdgeInferError, match="cancelled"):
+        _ = stream.completion
+
+
+def test_cancel_from_another_thread_stops_the_iteration(smol):
+    import threading
+
+    p = SamplingParams(temperature=0, max_tokens=500, ignore_eos=True)
+    stream = smol.stream("Tell me a long story.", p)
+    seq = stream.sequence
+    # the consumer only iterates: the stop must come from the loop, not from the consumer
+    worker = threading.Thread(target=lambda: list(stream))
+    worker.start()
+    while seq.num_output_tokens < 3 and worker.is_alive():
+        worker.join(0.01)
+    stream.cancel()
+    worker.join(60)
+    assert not worker.is_alive()
+    assert stream.completion.finish_reason == "abort"
+    assert 3 <= seq.num_output_tokens < 500
+    assert smol.kv_usage()[0] == 0
+
+
+def _with_chat_template(src, dst, template: str):
+    """Copy a GGUF file with `tokenizer.chat_template` added as its first key.
+
+    The inserted bytes are padded to a multiple of the 32-byte alignment, so the tensor data
+    keeps its alignment and its offsets (which are relative to the data section) stay valid.
+    """
+    import struct
+
+    data = src.read_bytes()
+    key = b"tokenizer.chat_template"
+    head = struct.pack("<Q", len(key)) + key + struct.pack("<I", 8)  # 8: GGUF string type
+    value = template.encode()
+    value += b" " * (-(len(head) + 8 + len(value)) % 32)
+    kv = head + struct.pack("<Q", len(value)) + value
+    (n_kv,) = struct.unpack_from("<Q", data, 16)
+    dst.write_bytes(data[:16] + struct.pack("<Q", n_kv + 1) + kv + data[24:])
+    return dst
+
+
+def test_template_that_does_not_compile_fails_only_chat(synthetic_model, tmp_path):
+    from edgeinfer.chat_template import ChatTemplateError
+
+    path = _with_chat_template(
+        synthetic_model("llama", "Q8_0"), tmp_path / "bad-template.gguf", "{% if %}"
+    )
+    llm = LLM(str(path), threads=1)  # loading does not need the template
+    out = llm.generate("Hello world", SamplingParams(temperature=0, max_tokens=2))
+    assert out[0].token_ids
+    with pytest.raises(ChatTemplateError, match="does not compile"):
+        llm.chat([{"role": "user", "content": "hi"}])

@@ -10,7 +10,10 @@ import dataclasses
 import html
 import json
 import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from textual.widgets import Input, Markdown
@@ -133,6 +136,27 @@ def test_loading_error_is_shown_not_raised(tmp_path):
             assert isinstance(app.screen, LoadingScreen)
 
     asyncio.run(main())
+    # kept for `edgeinfer chat`, which exits 2 with it once the app closes
+    assert app.load_error is not None and "bad.gguf" in app.load_error
+
+
+def test_chat_command_rejects_a_malformed_file_with_exit_2(synthetic_model, tmp_path):
+    good = synthetic_model("llama", "Q8_0").read_bytes()
+    bad = tmp_path / "truncated.gguf"
+    bad.write_bytes(good[: len(good) // 2])
+    exe = Path(sys.executable).with_name("edgeinfer")
+    # no terminal: an app that started anyway would hang until the timeout
+    r = subprocess.run(
+        [str(exe), "chat", str(bad)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "truncated.gguf" in lines[0]
+    assert "Traceback" not in r.stderr + r.stdout
 
 
 # ---- conversation ---------------------------------------------------------------------------
@@ -153,7 +177,7 @@ def test_prompt_streams_tokens_and_stats_then_esc_stops(loaded):
         await pilot.press("escape")
         await reply_done(pilot)
         reply = chat.session.reply
-        assert reply.finish_reason == "cancelled"
+        assert reply.finish_reason == "abort"
         assert 0 < chat.session.last.generated < 400
         shown = chat.query_one(AssistantTurn).query_one(Markdown).source
         assert shown.startswith(partial) and shown == reply.text
@@ -459,3 +483,19 @@ def test_set_param_validation_leaves_params_unchanged(loaded):
         with pytest.raises(EdgeInferError):
             s.set_param(name, value)
     assert s.params == dataclasses.replace(SHORT, top_k=5)
+    # -1 means no limit, as `-n -1` does on the command line
+    assert s.set_param("max_tokens", "-1").max_tokens is None
+
+
+def test_describe_uses_the_loaded_model_not_the_file(loaded, tmp_path):
+    llm, info = loaded
+    # the runner already parsed the file: describing the model must not parse it again
+    again = sessions.describe(llm, tmp_path / "moved-away.gguf", MODEL)
+    assert dataclasses.replace(again, path=info.path) == info
+    assert again.threads == llm.threads
+
+
+def test_widgets_do_not_import_other_commands():
+    code = "import sys, edgeinfer.tui.widgets; print('edgeinfer.cmd_info' in sys.modules)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.stdout.strip() == "False", r.stderr

@@ -40,6 +40,8 @@ class ChatApp(App):
         super().__init__()
         self.options = options or ChatOptions()
         self._loaded = loaded
+        # why loading failed (shown on the loading screen); `edgeinfer chat` exits 2 with it
+        self.load_error: str | None = None
 
     def on_mount(self) -> None:
         if self._loaded is not None:
@@ -74,6 +76,7 @@ class ChatApp(App):
             self.screen.step(message, fraction)
 
     def _fail(self, message: str) -> None:
+        self.load_error = message
         if isinstance(self.screen, LoadingScreen):
             self.screen.fail(message)
 

@@ -141,7 +141,7 @@ class ChatScreen(Screen):
         rest = reply.take_text()
         if rest:
             await turn.append(rest)
-        if reply.finish_reason == "cancelled":
+        if reply.finish_reason == "abort":
             turn.mark("stopped (Esc)")
         elif reply.error is not None:
             turn.mark("failed")

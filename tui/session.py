@@ -73,8 +73,7 @@ class Reply:
         self._seq = self._stream.sequence
         self._chunks: list[str] = []
         self._taken = 0
-        self._cancel = threading.Event()
-        self.finish_reason: str | None = None  # 'stop' | 'length' | 'cancelled' | 'error'
+        self.finish_reason: str | None = None  # 'stop' | 'length' | 'abort' (Esc) | 'error'
         self.error: str | None = None
         self.done = threading.Event()
 
@@ -83,13 +82,9 @@ class Reply:
         try:
             for delta in self._stream:
                 self._chunks.append(delta)
-                if self._cancel.is_set():
-                    break
-            if self._cancel.is_set():
-                self._stream.close()  # frees the request's KV blocks
-                self.finish_reason = "cancelled"
-            else:
-                self.finish_reason = self._stream.completion.finish_reason
+            # the Sequence's reason, not the Completion's: a reply stopped during its prefill
+            # has no token, so no timings for a Completion
+            self.finish_reason = self._seq.finish_reason
         except EdgeInferError as e:
             self.error, self.finish_reason = str(e), "error"
         except Exception as e:  # a bug must not take the whole terminal down with a traceback
@@ -98,8 +93,8 @@ class Reply:
             self.done.set()
 
     def cancel(self) -> None:
-        """Stop after the token being computed now (takes effect at the next text delta)."""
-        self._cancel.set()
+        """Stop after the forward step being computed now (the loop frees the KV blocks)."""
+        self._stream.cancel()
 
     def take_text(self) -> str:
         """Text produced since the last call."""
@@ -158,6 +153,8 @@ class ChatSession:
             raise EdgeInferError(
                 f"{name} needs a {SETTABLE[name].__name__}, got {value!r}"
             ) from None
+        if name == "max_tokens" and parsed == -1:
+            parsed = None  # no limit, as `-n -1` on the command line
         self.params = dataclasses.replace(self.params, **{name: parsed})
         return self.params
 
@@ -215,17 +212,14 @@ def load(model: str, threads: int | None, ctx: int | None, progress) -> tuple[ob
 
 
 def describe(llm, path: Path, name: str | None = None) -> ModelInfo:
-    from edgeinfer import kernels
-    from edgeinfer.gguf_reader import read_gguf
-
-    with read_gguf(path) as g:
-        quant = quant_label(g)
+    # llm.gguf is the file the runner already parsed: re-reading it would parse the whole
+    # vocabulary again (262k tokens for Gemma)
     return ModelInfo(
         name=name or llm.config.name,
         arch=llm.config.arch,
-        quant=quant,
+        quant=quant_label(llm.gguf),
         path=Path(path),
-        threads=kernels.get_threads(),
+        threads=llm.threads,
         max_context=llm.max_context,
         chat=llm.chat_template is not None,
     )

@@ -7,7 +7,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.widgets import Markdown, Sparkline, Static
 
-from edgeinfer.cmd_info import human_bytes
+from edgeinfer.units import human_bytes
 
 from .session import ModelInfo
 from .stats import StatsView
