@@ -63,7 +63,8 @@ class Completion:
     prompt_token_ids: list[int]
     text: str
     token_ids: list[int]
-    finish_reason: str  # 'stop' (EOS, stop token or stop string) | 'length' (max_tokens, context)
+    # 'stop' (EOS, stop token or stop string) | 'length' (max_tokens, context) | 'abort' (cancelled)
+    finish_reason: str
     metrics: Metrics
 
     @classmethod
