@@ -8,35 +8,58 @@ from gguf import GGMLQuantizationType
 from numba import njit, prange
 
 from .act_quant import quantize_act
-from .floatbits import load_half
+from .floatbits import half_to_float
 from .registry import QuantType, register
 
 BLOCK, TYPE_SIZE = 32, 18
-i32, f32 = np.int32, np.float32
+i16, u32, f32 = np.int16, np.uint32, np.float32
+U15, U4, I8 = np.uint8(15), np.uint8(4), np.int16(8)
+add, sub, mul, band, shr = np.add, np.subtract, np.multiply, np.bitwise_and, np.right_shift
+
+
+# w3: [rows, nb, block bytes], r, b, o -> the float16 at byte o of block b of row r, as float32
+@njit(cache=True, inline="always")
+def half_at(w3, r, b, o):
+    return half_to_float(u32(w3[r, b, o]) | u32(w3[r, b, o + 1]) << u32(8))
 
 
 # raw: [rows, nb * 18] -> out: [rows, nb * 32]
 @njit(parallel=True, cache=True)
 def dequantize_rows(raw, out):
-    for r in prange(raw.shape[0]):
-        for b in range(raw.shape[1] // TYPE_SIZE):
-            o = b * TYPE_SIZE
-            d = load_half(raw, r, o)
-            for j in range(16):
-                v = raw[r, o + 2 + j]
-                out[r, b * 32 + j] = d * f32(i32(v & 15) - 8)
-                out[r, b * 32 + 16 + j] = d * f32(i32(v >> 4) - 8)
+    rows, nb = raw.shape[0], raw.shape[1] // TYPE_SIZE
+    w3 = raw.reshape(rows, nb, TYPE_SIZE)
+    o3 = out.reshape(rows, nb, BLOCK)
+    half = o3.shape[2] // 2  # runtime count: a constant 16 gets fully unrolled, scalar
+    for r in prange(rows):
+        for b in range(nb):
+            d = half_at(w3, r, b, 0)
+            for j in range(half):
+                v = w3[r, b, 2 + j]
+                o3[r, b, j] = d * f32(sub(i16(band(v, U15)), I8))
+                o3[r, b, half + j] = d * f32(sub(i16(shr(v, U4)), I8))
 
 
-# raw: [out, nb * 18], xq: [n, in] int8, xd/xs: [n, nb] -> out: [n, out]
-# Four weight rows share each activation load; the -8 offset is folded out through the
-# activation block sums xs, so the inner loop is a plain unsigned-nibble x int8 dot.
+# v: a quant byte (elements j and j + 16 as nibbles), xl, xh: their int8 activations as int16
+# -> (q_j - 8) * xl + (q_j+16 - 8) * xh in int16
+@njit(cache=True, inline="always")
+def nibble_pair_dot(v, xl, xh):
+    return add(mul(sub(i16(band(v, U15)), I8), xl), mul(sub(i16(shr(v, U4)), I8), xh))
+
+
+# raw: [out, nb * 18], xq: [n, in] int8, xd: [n, nb] -> out: [n, out]
+# Four weight rows share each activation load. Nibbles are taken as signed (q - 8), so a block's
+# whole dot product fits int16 (|sum| <= 32 * 8 * 127) and the loop runs in 16 int16 lanes with
+# no widening. The arithmetic goes through scalar ufuncs (np.add, np.multiply, ...), which keep
+# Numba's narrow integer types: its operators promote to int64, leaving LLVM 4 lanes per vector.
 @njit(parallel=True, cache=True, fastmath=True)
-def _matmul_q8act(raw, xq, xd, xs, out):
+def _matmul_q8act(raw, xq, xd, out):
     rows = raw.shape[0]
     n, k = xq.shape
     nb = xd.shape[1]
-    half = k // nb // 2  # runtime count: a constant 16/32 gets fully unrolled and stays scalar
+    half = k // nb // 2  # runtime count: a constant 16 gets fully unrolled and stays scalar
+    # per-block views: constant offsets inside a block let LLVM drop negative-index checks
+    w3 = raw.reshape(rows, nb, TYPE_SIZE)
+    x3 = xq.reshape(n, nb, BLOCK)
     last = rows - 1
     for c in prange((rows + 3) // 4):
         r0 = 4 * c
@@ -44,26 +67,23 @@ def _matmul_q8act(raw, xq, xd, xs, out):
         for t in range(n):
             a0 = a1 = a2 = a3 = f32(0.0)
             for b in range(nb):
-                o = b * TYPE_SIZE
-                xo = b * BLOCK
-                s0 = s1 = s2 = s3 = i32(0)
+                s0 = s1 = s2 = s3 = i16(0)
                 for j in range(half):
-                    xl = xq[t, xo + j]
-                    xh = xq[t, xo + half + j]
-                    v = raw[r0, o + 2 + j]
-                    s0 = i32(s0 + i32((v & 15) * xl + (v >> 4) * xh))
-                    v = raw[r1, o + 2 + j]
-                    s1 = i32(s1 + i32((v & 15) * xl + (v >> 4) * xh))
-                    v = raw[r2, o + 2 + j]
-                    s2 = i32(s2 + i32((v & 15) * xl + (v >> 4) * xh))
-                    v = raw[r3, o + 2 + j]
-                    s3 = i32(s3 + i32((v & 15) * xl + (v >> 4) * xh))
+                    xl = i16(x3[t, b, j])
+                    xh = i16(x3[t, b, half + j])
+                    v = w3[r0, b, 2 + j]
+                    s0 = add(s0, nibble_pair_dot(v, xl, xh))
+                    v = w3[r1, b, 2 + j]
+                    s1 = add(s1, nibble_pair_dot(v, xl, xh))
+                    v = w3[r2, b, 2 + j]
+                    s2 = add(s2, nibble_pair_dot(v, xl, xh))
+                    v = w3[r3, b, 2 + j]
+                    s3 = add(s3, nibble_pair_dot(v, xl, xh))
                 dx = xd[t, b]
-                off = 8 * xs[t, b]
-                a0 += load_half(raw, r0, o) * dx * f32(s0 - off)
-                a1 += load_half(raw, r1, o) * dx * f32(s1 - off)
-                a2 += load_half(raw, r2, o) * dx * f32(s2 - off)
-                a3 += load_half(raw, r3, o) * dx * f32(s3 - off)
+                a0 += half_at(w3, r0, b, 0) * dx * f32(s0)
+                a1 += half_at(w3, r1, b, 0) * dx * f32(s1)
+                a2 += half_at(w3, r2, b, 0) * dx * f32(s2)
+                a3 += half_at(w3, r3, b, 0) * dx * f32(s3)
             out[t, r0] = a0
             if r0 + 1 <= last:
                 out[t, r1] = a1
@@ -76,8 +96,8 @@ def _matmul_q8act(raw, xq, xd, xs, out):
 def matmul_small(packed, x, out):
     # x: [n, in], packed: (raw [out, nb * 18],) -> out: [n, out]
     (raw,) = packed
-    xq, xd, xs = quantize_act(x, BLOCK, BLOCK)
-    _matmul_q8act(raw, xq, xd, xs, out)
+    xq, xd, _ = quantize_act(x, BLOCK)
+    _matmul_q8act(raw, xq, xd, out)
 
 
 UNIT = register(
@@ -87,6 +107,7 @@ UNIT = register(
         type_size=TYPE_SIZE,
         dequantize_rows=dequantize_rows,
         matmul_small=matmul_small,
-        small_n_max=6,
+        # crossover with the dequantize + BLAS path (best wall time, 1 thread, 4096 wide)
+        small_n_max=4,
     )
 )

@@ -8,36 +8,41 @@ from gguf import GGMLQuantizationType
 from numba import njit, prange
 
 from .act_quant import quantize_act
-from .floatbits import load_half
+from .q4_0 import U4, U15, half_at, nibble_pair_dot
 from .registry import QuantType, register
 
 BLOCK, TYPE_SIZE = 32, 20
-i32, f32 = np.int32, np.float32
+i16, f32 = np.int16, np.float32
 
 
 # raw: [rows, nb * 20] -> out: [rows, nb * 32]
 @njit(parallel=True, cache=True)
 def dequantize_rows(raw, out):
-    for r in prange(raw.shape[0]):
-        for b in range(raw.shape[1] // TYPE_SIZE):
-            o = b * TYPE_SIZE
-            d = load_half(raw, r, o)
-            m = load_half(raw, r, o + 2)
-            for j in range(16):
-                v = raw[r, o + 4 + j]
-                out[r, b * 32 + j] = d * f32(v & 15) + m
-                out[r, b * 32 + 16 + j] = d * f32(v >> 4) + m
+    rows, nb = raw.shape[0], raw.shape[1] // TYPE_SIZE
+    w3 = raw.reshape(rows, nb, TYPE_SIZE)
+    o3 = out.reshape(rows, nb, BLOCK)
+    half = o3.shape[2] // 2  # runtime count: a constant 16 gets fully unrolled, scalar
+    for r in prange(rows):
+        for b in range(nb):
+            d = half_at(w3, r, b, 0)
+            m = half_at(w3, r, b, 2)
+            for j in range(half):
+                v = w3[r, b, 4 + j]
+                o3[r, b, j] = d * f32(np.bitwise_and(v, U15)) + m
+                o3[r, b, half + j] = d * f32(np.right_shift(v, U4)) + m
 
 
 # raw: [out, nb * 20], xq: [n, in] int8, xd/xs: [n, nb] -> out: [n, out]
-# sum(w * x) over a block = d * dx * sum(q * xq) + m * dx * sum(xq): the min needs only the
-# activation block sum xs. Four weight rows share each activation load.
+# As Q4_0's kernel (int16 lanes on q - 8, four rows per activation load). Over a block,
+# sum(w * x) = dx * (d * sum(q * xq) + m * xs) with sum(q * xq) = sum((q - 8) * xq) + 8 * xs.
 @njit(parallel=True, cache=True, fastmath=True)
 def _matmul_q8act(raw, xq, xd, xs, out):
     rows = raw.shape[0]
     n, k = xq.shape
     nb = xd.shape[1]
-    half = k // nb // 2  # runtime count: a constant 16/32 gets fully unrolled and stays scalar
+    half = k // nb // 2  # runtime count: a constant 16 gets fully unrolled and stays scalar
+    w3 = raw.reshape(rows, nb, TYPE_SIZE)
+    x3 = xq.reshape(n, nb, BLOCK)
     last = rows - 1
     for c in prange((rows + 3) // 4):
         r0 = 4 * c
@@ -45,26 +50,24 @@ def _matmul_q8act(raw, xq, xd, xs, out):
         for t in range(n):
             a0 = a1 = a2 = a3 = f32(0.0)
             for b in range(nb):
-                o = b * TYPE_SIZE
-                xo = b * BLOCK
-                s0 = s1 = s2 = s3 = i32(0)
+                s0 = s1 = s2 = s3 = i16(0)
                 for j in range(half):
-                    xl = xq[t, xo + j]
-                    xh = xq[t, xo + half + j]
-                    v = raw[r0, o + 4 + j]
-                    s0 = i32(s0 + i32((v & 15) * xl + (v >> 4) * xh))
-                    v = raw[r1, o + 4 + j]
-                    s1 = i32(s1 + i32((v & 15) * xl + (v >> 4) * xh))
-                    v = raw[r2, o + 4 + j]
-                    s2 = i32(s2 + i32((v & 15) * xl + (v >> 4) * xh))
-                    v = raw[r3, o + 4 + j]
-                    s3 = i32(s3 + i32((v & 15) * xl + (v >> 4) * xh))
+                    xl = i16(x3[t, b, j])
+                    xh = i16(x3[t, b, half + j])
+                    s0 = np.add(s0, nibble_pair_dot(w3[r0, b, 4 + j], xl, xh))
+                    s1 = np.add(s1, nibble_pair_dot(w3[r1, b, 4 + j], xl, xh))
+                    s2 = np.add(s2, nibble_pair_dot(w3[r2, b, 4 + j], xl, xh))
+                    s3 = np.add(s3, nibble_pair_dot(w3[r3, b, 4 + j], xl, xh))
                 dx = xd[t, b]
-                sx = dx * f32(xs[t, b])
-                a0 += load_half(raw, r0, o) * dx * f32(s0) + load_half(raw, r0, o + 2) * sx
-                a1 += load_half(raw, r1, o) * dx * f32(s1) + load_half(raw, r1, o + 2) * sx
-                a2 += load_half(raw, r2, o) * dx * f32(s2) + load_half(raw, r2, o + 2) * sx
-                a3 += load_half(raw, r3, o) * dx * f32(s3) + load_half(raw, r3, o + 2) * sx
+                sx = f32(xs[t, b])
+                d = half_at(w3, r0, b, 0)
+                a0 += dx * (d * f32(s0) + (f32(8.0) * d + half_at(w3, r0, b, 2)) * sx)
+                d = half_at(w3, r1, b, 0)
+                a1 += dx * (d * f32(s1) + (f32(8.0) * d + half_at(w3, r1, b, 2)) * sx)
+                d = half_at(w3, r2, b, 0)
+                a2 += dx * (d * f32(s2) + (f32(8.0) * d + half_at(w3, r2, b, 2)) * sx)
+                d = half_at(w3, r3, b, 0)
+                a3 += dx * (d * f32(s3) + (f32(8.0) * d + half_at(w3, r3, b, 2)) * sx)
             out[t, r0] = a0
             if r0 + 1 <= last:
                 out[t, r1] = a1
@@ -88,6 +91,7 @@ UNIT = register(
         type_size=TYPE_SIZE,
         dequantize_rows=dequantize_rows,
         matmul_small=matmul_small,
-        small_n_max=6,
+        # crossover with the dequantize + BLAS path (best wall time, 1 thread, 4096 wide)
+        small_n_max=3,
     )
 )

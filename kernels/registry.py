@@ -24,7 +24,7 @@ Unit interface (what a unit module provides):
 - `small_n_max`: largest n routed to `matmul_small` (matmul_small None: no fused kernel);
   larger n go to the generic path in `kernels/matmul.py` (dequantize cache-sized row tiles with
   `dequantize_rows`, multiply with BLAS). Set it from measurement: the n where the tiled
-  path becomes faster (6-8 for Q4_0, Q4_1, Q8_0 on a 2-core AVX2 EPYC).
+  path becomes faster (2-4 for the legacy and K types on a 2-core AVX2 EPYC).
 """
 
 from __future__ import annotations
