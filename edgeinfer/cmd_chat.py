@@ -6,48 +6,51 @@ from typing import Annotated
 
 import typer
 
+from edgeinfer.cli_options import (
+    Ctx,
+    MinP,
+    ModelArg,
+    Seed,
+    Temp,
+    Threads,
+    TopK,
+    TopP,
+    check_counts,
+)
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.hub import DEFAULT_MODEL
 
 
 def chat(
-    model: Annotated[
-        str, typer.Argument(help="GGUF path or short model name (pulled on first use).")
-    ] = DEFAULT_MODEL,
-    threads: Annotated[int | None, typer.Option("--threads", "-t", help="CPU threads.")] = None,
-    ctx: Annotated[int | None, typer.Option("--ctx", "-c", help="Context length.")] = None,
+    model: ModelArg = DEFAULT_MODEL,
+    threads: Threads = None,
+    ctx: Ctx = None,
     system: Annotated[str | None, typer.Option("--system", "-s", help="System prompt.")] = None,
-    temp: Annotated[float, typer.Option("--temp", help="Temperature; 0 = greedy.")] = 0.8,
-    top_k: Annotated[int, typer.Option("--top-k", help="0 = disabled.")] = 40,
-    top_p: Annotated[float, typer.Option("--top-p", help="1 = disabled.")] = 0.95,
-    min_p: Annotated[float, typer.Option("--min-p", help="0 = disabled.")] = 0.05,
+    temp: Temp = 0.8,
+    top_k: TopK = 40,
+    top_p: TopP = 0.95,
+    min_p: MinP = 0.05,
     max_tokens: Annotated[
         int | None,
         typer.Option(
             "--max-tokens", "-n", help="Longest reply in tokens (default 1024); -1 = no limit."
         ),
     ] = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="Fixed seed: same replies.")] = None,
+    seed: Seed = None,
 ) -> None:
     """Chat with a model in the terminal: streaming replies, live tok/s, /help for commands."""
     from edgeinfer.sampling import SamplingParams
     from edgeinfer.tui.app import ChatApp, ChatOptions
     from edgeinfer.tui.session import DEFAULT_MAX_TOKENS
 
-    if max_tokens is None:
-        max_tokens = DEFAULT_MAX_TOKENS
-    if max_tokens == 0 or max_tokens < -1:
-        raise EdgeInferError(f"-n/--max-tokens must be >= 1 or -1 (got {max_tokens})")
-    for flag, value in (("--threads", threads), ("--ctx", ctx)):
-        if value is not None and value < 1:
-            raise EdgeInferError(f"{flag} must be >= 1 (got {value})")
+    limit = check_counts(DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens, threads, ctx)
     params = SamplingParams(
         temperature=temp,
         top_k=top_k,
         top_p=top_p,
         min_p=min_p,
         seed=seed,
-        max_tokens=None if max_tokens == -1 else max_tokens,
+        max_tokens=limit,
     )
     _check_model(model)
     app = ChatApp(ChatOptions(model, threads, ctx, system, params))

@@ -8,26 +8,35 @@ from typing import Annotated
 
 import typer
 
+from edgeinfer.cli_options import (
+    Ctx,
+    MinP,
+    ModelArg,
+    Seed,
+    Temp,
+    Threads,
+    TopK,
+    TopP,
+    check_counts,
+)
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.hub import DEFAULT_MODEL
 
 
 def run(
-    model: Annotated[
-        str, typer.Argument(help="GGUF path or short model name.", show_default=True)
-    ] = DEFAULT_MODEL,
+    model: ModelArg = DEFAULT_MODEL,
     prompt: Annotated[str | None, typer.Option("--prompt", "-p", help="The prompt.")] = None,
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", "-n", help="Tokens to generate; -1 = until EOS.")
     ] = 256,
-    temp: Annotated[float, typer.Option("--temp", help="Temperature; 0 = greedy.")] = 0.8,
-    top_k: Annotated[int, typer.Option("--top-k", help="0 = disabled.")] = 40,
-    top_p: Annotated[float, typer.Option("--top-p", help="1 = disabled.")] = 0.95,
-    min_p: Annotated[float, typer.Option("--min-p", help="0 = disabled.")] = 0.05,
+    temp: Temp = 0.8,
+    top_k: TopK = 40,
+    top_p: TopP = 0.95,
+    min_p: MinP = 0.05,
     repeat_penalty: Annotated[
         float, typer.Option("--repeat-penalty", help="Over the last 64 tokens; 1 = disabled.")
     ] = 1.0,
-    seed: Annotated[int | None, typer.Option("--seed", help="Fixed seed: same output.")] = None,
+    seed: Seed = None,
     stop: Annotated[
         list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")
     ] = None,
@@ -37,8 +46,8 @@ def run(
     chat: Annotated[
         bool, typer.Option("--chat", help="Send the prompt as a user message (chat template).")
     ] = False,
-    threads: Annotated[int | None, typer.Option("--threads", "-t", help="CPU threads.")] = None,
-    ctx: Annotated[int | None, typer.Option("--ctx", "-c", help="Context length.")] = None,
+    threads: Threads = None,
+    ctx: Ctx = None,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (text + metrics) instead.")
     ] = False,
@@ -49,11 +58,7 @@ def run(
 
     if prompt is None:
         raise EdgeInferError("no prompt: pass one with -p/--prompt")
-    if max_tokens == 0 or max_tokens < -1:
-        raise EdgeInferError(f"-n/--max-tokens must be >= 1 or -1 (got {max_tokens})")
-    for flag, value in (("--threads", threads), ("--ctx", ctx)):
-        if value is not None and value < 1:
-            raise EdgeInferError(f"{flag} must be >= 1 (got {value})")
+    limit = check_counts(max_tokens, threads, ctx)
     params = SamplingParams(
         temperature=temp,
         top_k=top_k,
@@ -62,7 +67,7 @@ def run(
         repetition_penalty=repeat_penalty,
         seed=seed,
         stop=stop,
-        max_tokens=None if max_tokens == -1 else max_tokens,
+        max_tokens=limit,
         ignore_eos=ignore_eos,
     )
     llm = LLM(model, threads=threads, ctx=ctx)

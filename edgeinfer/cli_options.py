@@ -1,0 +1,31 @@
+"""Options shared by the generating commands (`run`, `chat`), so their flags cannot drift apart."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from edgeinfer.errors import EdgeInferError
+
+ModelArg = Annotated[
+    str, typer.Argument(help="GGUF path or short model name (pulled on first use).")
+]
+Threads = Annotated[int | None, typer.Option("--threads", "-t", help="CPU threads.")]
+Ctx = Annotated[int | None, typer.Option("--ctx", "-c", help="Context length.")]
+Temp = Annotated[float, typer.Option("--temp", help="Temperature; 0 = greedy.")]
+TopK = Annotated[int, typer.Option("--top-k", help="0 = disabled.")]
+TopP = Annotated[float, typer.Option("--top-p", help="1 = disabled.")]
+MinP = Annotated[float, typer.Option("--min-p", help="0 = disabled.")]
+Seed = Annotated[int | None, typer.Option("--seed", help="Fixed seed: same output.")]
+
+
+def check_counts(max_tokens: int, threads: int | None, ctx: int | None) -> int | None:
+    """Validate the count flags before anything loads -> max_tokens as SamplingParams wants it
+    (-1, "no limit", becomes None)."""
+    if max_tokens == 0 or max_tokens < -1:
+        raise EdgeInferError(f"-n/--max-tokens must be >= 1 or -1 (got {max_tokens})")
+    for flag, value in (("--threads", threads), ("--ctx", ctx)):
+        if value is not None and value < 1:
+            raise EdgeInferError(f"{flag} must be >= 1 (got {value})")
+    return None if max_tokens == -1 else max_tokens
