@@ -9,7 +9,11 @@ import asyncio
 import dataclasses
 import html
 import json
+import os
+import pty
 import re
+import select
+import signal
 import subprocess
 import sys
 import time
@@ -112,8 +116,7 @@ def test_loading_screen_then_chat(real_model):
 
     async def main():
         async with app.run_test(size=(80, 24)) as pilot:
-            await pilot.pause()
-            seen.append(type(app.screen))
+            seen.append(type(app.screen))  # before any pause: a warm load takes under a second
             await until(pilot, lambda: ready(app))
             await pilot.pause()
             text = "\n".join(screen_text(app))
@@ -157,6 +160,36 @@ def test_chat_command_rejects_a_malformed_file_with_exit_2(synthetic_model, tmp_
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:") and "truncated.gguf" in lines[0]
     assert "Traceback" not in r.stderr + r.stdout
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGHUP"), reason="no SIGHUP on this platform")
+def test_hangup_quits_cleanly(real_model):
+    """A dropped SSH session sends SIGHUP: the app quits as ctrl+q does (exit 0), rather than
+    dying by the signal mid-write."""
+    exe = Path(sys.executable).with_name("edgeinfer")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [str(exe), "chat", str(real_model(MODEL))],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env={**os.environ, "TERM": "xterm", "COLUMNS": "100", "LINES": "30"},
+        start_new_session=True,
+    )
+    os.close(slave)
+    screen = b""
+    deadline = time.monotonic() + 120
+    try:
+        while b"loaded in" not in screen and time.monotonic() < deadline:
+            if select.select([master], [], [], 0.5)[0]:
+                screen += os.read(master, 65536)
+        assert b"loaded in" in screen
+        os.kill(proc.pid, signal.SIGHUP)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
 
 
 # ---- conversation ---------------------------------------------------------------------------
@@ -208,7 +241,7 @@ def test_complete_reply_updates_history_and_stats(loaded):
         assert re.search(rf"output\s+{s.last.generated} tok", numbers)
         assert f"context {s.last.prompt_tokens + s.last.generated}/" in numbers
         assert re.search(r"KV\s+\d+/\d+ blk", numbers)
-        assert re.search(r"RSS\s+[\d.]+ MiB", numbers)
+        assert re.search(r"RSS\s+[\d.]+ [KMG]iB", numbers)
         assert chat.query_one(UserTurn) and chat.query_one(AssistantTurn)
 
     run(app, (80, 24), script)

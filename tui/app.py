@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import signal
 import threading
 from dataclasses import dataclass, field
 from time import perf_counter
@@ -44,6 +47,12 @@ class ChatApp(App):
         self.load_error: str | None = None
 
     def on_mount(self) -> None:
+        # A closed terminal (SSH dropped, tmux pane killed) sends SIGHUP: quit as ctrl+q does,
+        # stopping the reply, instead of living on with no screen.
+        with contextlib.suppress(NotImplementedError, AttributeError):  # no SIGHUP on Windows
+            asyncio.get_running_loop().add_signal_handler(
+                signal.SIGHUP, lambda: asyncio.ensure_future(self.action_quit())
+            )
         if self._loaded is not None:
             self._start_chat(*self._loaded, load_s=None)
             return
