@@ -123,6 +123,16 @@ class GGUFFile:
             raise GGUFError(self.path, "file was closed")
         return self._data[info.offset : info.offset + info.nbytes].view(np.ndarray)
 
+    def contiguous_data(self, names: list[str]) -> np.ndarray | None:
+        """The raw bytes of several tensors stored back to back in this order, as one zero-copy
+        view (None if they are not adjacent in the file)."""
+        infos = [self.tensors[n] for n in names]
+        if any(b.offset != a.offset + a.nbytes for a, b in zip(infos[:-1], infos[1:], strict=True)):
+            return None
+        if self._data is None:
+            raise GGUFError(self.path, "file was closed")
+        return self._data[infos[0].offset : infos[-1].offset + infos[-1].nbytes].view(np.ndarray)
+
     def close(self) -> None:
         # Views handed out by tensor_data keep the mapping alive until they are dropped;
         # this only releases the file's own reference.

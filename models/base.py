@@ -7,8 +7,8 @@ Optional tensors (biases, QK-norms, post-norms) are loaded when the file has the
 architecture allows, with the right shapes.
 
 Quantization is a property of the weight objects (`kernels.QuantWeight`): nothing here branches
-on a tensor type. Projections that read the same input (Q/K/V, gate/up) are stacked into one
-weight at load when their types match, so one matmul serves them.
+on a tensor type. Projections that read the same input (Q/K/V, gate/up) become one weight
+when the file stores them back to back with one type, so one matmul serves them.
 """
 
 from __future__ import annotations
@@ -107,25 +107,28 @@ class WeightLoader:
         return kernels.QuantWeight.from_raw(self.g.tensor_data(name), info.qtype, info.shape)
 
     def linear(self, names: list[str], bias: bool = False) -> Linear:
-        """Row-stack the named weights into as few matmuls as their types allow.
+        """Row-stack the named weights into as few matmuls as the file allows.
 
-        Consecutive weights of one type become a single weight; its bytes are read from the
-        file into a fresh buffer rather than copied out of the mapping, so the mapped pages of
-        the originals are never touched and do not count towards RSS.
+        Consecutive weights of one type that the file stores back to back become one weight,
+        a zero-copy view of the mapping; the others stay separate matmuls. Copying them
+        together would take them out of the page cache into anonymous memory (weights stay
+        memory-mapped: at most 10 % may be repacked).
         """
         infos = [self.g.tensors[n] for n in names]
         parts = []
         i = 0
         while i < len(infos):
             j = i + 1
-            while j < len(infos) and infos[j].qtype == infos[i].qtype:
+            while (
+                j < len(infos)
+                and infos[j].qtype == infos[i].qtype
+                and self.g.contiguous_data(names[i : j + 1]) is not None
+            ):
                 j += 1
-            if j - i == 1:
-                parts.append(self.weight(names[i]))
-            else:
-                group = infos[i:j]
-                shape = (sum(t.shape[0] for t in group), group[0].shape[1])
-                parts.append(kernels.QuantWeight.from_raw(self._read(group), group[0].qtype, shape))
+            group = infos[i:j]
+            shape = (sum(t.shape[0] for t in group), group[0].shape[1])
+            data = self.g.contiguous_data(names[i:j])
+            parts.append(kernels.QuantWeight.from_raw(data, group[0].qtype, shape))
             i = j
         b = None
         if bias and any(self.has(_bias_name(n)) for n in names):
@@ -136,18 +139,6 @@ class WeightLoader:
                 ]
             ).astype(np.float32)
         return Linear(parts, b)
-
-    def _read(self, infos) -> np.ndarray:
-        buf = np.empty(sum(t.nbytes for t in infos), np.uint8)
-        view = memoryview(buf)
-        pos = 0
-        with open(self.g.path, "rb") as f:
-            for t in infos:
-                f.seek(t.offset)
-                if f.readinto(view[pos : pos + t.nbytes]) != t.nbytes:
-                    raise OSError(f"{self.g.path}: short read of tensor {t.name}")
-                pos += t.nbytes
-        return buf
 
 
 def _bias_name(weight_name: str) -> str:
