@@ -33,11 +33,26 @@ def type_histogram(g: GGUFFile) -> dict[str, dict[str, int]]:
     return dict(sorted(hist.items(), key=lambda kv: -kv[1]["bytes"]))
 
 
+def repacked_bytes(g) -> int:
+    """Bytes the kernels copy out of the mapping at load (their repacks are views where they
+    can be); each weight is prepared as a model load would, which touches no weight pages."""
+    from edgeinfer import kernels  # imports Numba: only when info runs
+
+    return sum(
+        kernels.QuantWeight.from_raw(
+            g.tensor_data(name), t.qtype, (t.n_elements // t.shape[-1], t.shape[-1])
+        ).extra_nbytes
+        for name, t in g.tensors.items()
+    )
+
+
 def gather(path: Path, ctx: int | None, parallel: int, kv_dtype: str) -> dict:
     """Everything `info` reports, as one JSON-able dict (the --json output)."""
     with read_gguf(path) as g:
         cfg = ModelConfig.from_gguf(g)
-        plan = memory_plan.plan(cfg, g, ctx=ctx, parallel=parallel, kv_dtype=kv_dtype)
+        plan = memory_plan.plan(
+            cfg, g, ctx=ctx, parallel=parallel, kv_dtype=kv_dtype, repacked_bytes=repacked_bytes(g)
+        )
         tensor_bytes = memory_plan.weights_bytes(g)
         return {
             "path": str(path),

@@ -61,6 +61,8 @@ def test_info_json_real(name, real_model):
         info["memory"]["weights_bytes"] * 8 / info["n_params"], abs=1e-3
     )
     assert info["memory"]["fits"] is True
+    # memory discipline: what the kernels copy out of the mapping is at most 10 % of the weights
+    assert 0 <= info["memory"]["repacked_bytes"] <= info["memory"]["weights_bytes"] // 10
 
 
 @pytest.mark.parametrize("name", REAL)
