@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import threading
 from dataclasses import dataclass, field
 from time import perf_counter
 
@@ -18,6 +17,7 @@ from edgeinfer.sampling import SamplingParams
 
 from . import session as sessions
 from .chat_screen import ChatScreen
+from .compute import ComputeThread
 from .loading import LoadingScreen
 
 
@@ -45,6 +45,7 @@ class ChatApp(App):
         self._loaded = loaded
         # why loading failed (shown on the loading screen); `edgeinfer chat` exits 2 with it
         self.load_error: str | None = None
+        self.compute = ComputeThread()  # the model's one thread: loading, warm-up, replies
 
     def on_mount(self) -> None:
         # A closed terminal (SSH dropped, tmux pane killed) sends SIGHUP: quit as ctrl+q does,
@@ -57,14 +58,14 @@ class ChatApp(App):
             self._start_chat(*self._loaded, load_s=None)
             return
         self.push_screen(LoadingScreen(self.options.model))
-        threading.Thread(target=self._load, name="edgeinfer-load", daemon=True).start()
+        self.compute.submit(self._load)
 
     @property
     def chat(self) -> ChatScreen | None:
         return self.screen if isinstance(self.screen, ChatScreen) else None
 
     def _load(self) -> None:
-        """Loader thread: pull, load, warm up; every step is reported on the loading screen."""
+        """Compute thread: pull, load, warm up; every step is reported on the loading screen."""
         o = self.options
         t0 = perf_counter()
         try:

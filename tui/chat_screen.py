@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from time import perf_counter, thread_time
 
 from textual.app import ComposeResult
@@ -111,7 +110,7 @@ class ChatScreen(Screen):
         await pane.add(UserTurn(text))
         self._streaming = AssistantTurn("Assistant" if self.session.info.chat else "Completion")
         await pane.add(self._streaming)
-        threading.Thread(target=reply.run, name="edgeinfer-reply", daemon=True).start()
+        self.app.compute.submit(reply.run)
 
     async def _tick(self) -> None:
         now, cpu = perf_counter(), thread_time()
