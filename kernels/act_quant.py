@@ -52,3 +52,15 @@ def quantize_act(x: np.ndarray, block: int, sum_group: int = 0):
     sums = np.empty((n, k // sum_group if sum_group else 0), np.int32)
     _quantize(x, block, sum_group, q, d, sums)
     return q, d, sums
+
+
+def make_matmul_small(kernel, block: int, sum_group: int):
+    """kernel(raw, xq, xd, xs, out) -> a unit's `matmul_small(packed, x, out)` that quantizes x
+    to int8 blocks of `block` with sums per `sum_group` and runs the kernel on the raw weight."""
+
+    def matmul_small(packed, x, out):
+        # x: [n, in] float32, packed[0]: raw [out, row_bytes] -> out: [n, out]
+        xq, xd, xs = quantize_act(x, block, sum_group)
+        kernel(packed[0], xq, xd, xs, out)
+
+    return matmul_small

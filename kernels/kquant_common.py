@@ -1,5 +1,5 @@
 """What the K-quant units (Q2_K ... Q6_K) share: 256-weight super-blocks, f16 block scales read
-from the raw bytes, the 6-bit scale/min packing of Q4_K/Q5_K, and the small-n matmul driver.
+from the raw bytes, and the 6-bit scale/min packing of Q4_K/Q5_K.
 
 Scales stay in the file's bytes (no repack, extra_nbytes = 0): unpacking them costs a few integer
 operations per 256 weights, little next to the weights' own unpacking.
@@ -17,7 +17,6 @@ byte-by-byte gathers.
 import numpy as np
 from numba import njit
 
-from .act_quant import quantize_act
 from .floatbits import half_to_float
 
 QK_K = 256
@@ -40,14 +39,3 @@ def scale_min_k4(w, off, j):
     sc = (w[off + j + 4] & 0x0F) | ((w[off + j - 4] >> 6) << 4)
     m = (w[off + j + 4] >> 4) | ((w[off + j] >> 6) << 4)
     return I32(sc), I32(m)
-
-
-def make_matmul_small(kernel):
-    """kernel(raw, xq, xd, xs, y) -> a unit's `matmul_small(packed, x, out)`."""
-
-    def matmul_small(packed, x, out):
-        # x: [n, in] float32, packed[0]: raw [out, row_bytes] -> out: [n, out]
-        xq, xd, xs = quantize_act(x, QK_K, SUM_GROUP)
-        kernel(packed[0], xq, xd, xs, out)
-
-    return matmul_small

@@ -7,7 +7,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from numba import njit, prange
 
-from .act_quant import quantize_act
+from .act_quant import make_matmul_small
 from .q4_0 import U4, U15, half_at, nibble_pair_dot
 from .registry import QuantType, register
 
@@ -77,20 +77,13 @@ def _matmul_q8act(raw, xq, xd, xs, out):
                 out[t, r3] = a3
 
 
-def matmul_small(packed, x, out):
-    # x: [n, in], packed: (raw [out, nb * 20],) -> out: [n, out]
-    (raw,) = packed
-    xq, xd, xs = quantize_act(x, BLOCK, BLOCK)
-    _matmul_q8act(raw, xq, xd, xs, out)
-
-
 UNIT = register(
     QuantType(
         qtype=GGMLQuantizationType.Q4_1,
         block_size=BLOCK,
         type_size=TYPE_SIZE,
         dequantize_rows=dequantize_rows,
-        matmul_small=matmul_small,
+        matmul_small=make_matmul_small(_matmul_q8act, BLOCK, BLOCK),
         # crossover with the dequantize + BLAS path (best wall time, 1 thread, 4096 wide)
         small_n_max=3,
     )

@@ -7,7 +7,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from numba import njit, prange
 
-from .act_quant import quantize_act
+from .act_quant import make_matmul_small
 from .floatbits import load_half, load_u32
 from .q4_0 import half_at, nibble_pair_dot
 from .q5_0 import BITS, bit_pair_dot, fifth_bits
@@ -78,20 +78,13 @@ def _matmul_q8act(raw, xq, xd, xs, out):
                 out[t, r1] = a1
 
 
-def matmul_small(packed, x, out):
-    # x: [n, in], packed: (raw [out, nb * 24],) -> out: [n, out]
-    (raw,) = packed
-    xq, xd, xs = quantize_act(x, BLOCK, BLOCK)
-    _matmul_q8act(raw, xq, xd, xs, out)
-
-
 UNIT = register(
     QuantType(
         qtype=GGMLQuantizationType.Q5_1,
         block_size=BLOCK,
         type_size=TYPE_SIZE,
         dequantize_rows=dequantize_rows,
-        matmul_small=matmul_small,
+        matmul_small=make_matmul_small(_matmul_q8act, BLOCK, BLOCK),
         # crossover with the dequantize + BLAS path (best wall time, 1 thread, 4096 wide)
         small_n_max=2,
     )

@@ -9,7 +9,8 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from numba import njit, prange
 
-from .kquant_common import I32, QK_K, f16_at, make_matmul_small
+from .act_quant import make_matmul_small
+from .kquant_common import I32, QK_K, SUM_GROUP, f16_at
 from .registry import QuantType, register
 
 TYPE_SIZE = 210
@@ -122,7 +123,7 @@ register(
         block_size=QK_K,
         type_size=TYPE_SIZE,
         dequantize_rows=dequantize_rows,
-        matmul_small=make_matmul_small(matmul_q8),
+        matmul_small=make_matmul_small(matmul_q8, QK_K, SUM_GROUP),
         # crossover with the dequantize + BLAS path (best wall time, 1 thread, 4096 wide)
         small_n_max=4,
     )
