@@ -4,11 +4,11 @@ from __future__ import annotations
 
 
 def human_bytes(n: int | float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB"):
+        if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    raise AssertionError("unreachable")
+    return f"{n:.1f} GiB"
 
 
 def human_count(n: int) -> str:

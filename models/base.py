@@ -64,10 +64,6 @@ class Linear:
             y += self.bias
         return y
 
-    @property
-    def nbytes(self) -> int:
-        return sum(p.nbytes for p in self.parts)
-
 
 @dataclass
 class Layer:
@@ -256,11 +252,3 @@ class DecoderModel:
         if c.final_logit_softcap:
             softcap_(logits, c.final_logit_softcap)
         return logits
-
-    @property
-    def weight_nbytes(self) -> int:
-        """Bytes of weights read per decode step (every matrix once, the head once)."""
-        per_layer = sum(
-            L.qkv.nbytes + L.wo.nbytes + L.gate_up.nbytes + L.down.nbytes for L in self.layers
-        )
-        return per_layer + self.output.nbytes
