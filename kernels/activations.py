@@ -9,7 +9,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-PARALLEL_MIN_ROWS = 8
+PARALLEL_MIN_ROWS = 32
 SILU = 0
 GELU_TANH = 1
 
@@ -43,13 +43,15 @@ def exp_f32(x):
     return np.float32(p * scale)
 
 
-@njit(cache=True)
+# error_model="numpy": Python's division-by-zero check is a branch that stops the loops over
+# these functions from vectorizing (4x slower); x / 0 gives inf instead.
+@njit(cache=True, error_model="numpy")
 def tanh_f32(x):
     """float32 tanh through exp_f32 (absolute error ~1e-7)."""
     return _ONE - np.float32(2.0) / (exp_f32(np.float32(2.0) * x) + _ONE)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _gated_row(gu, kind, out):
     # gu: [2f] = [gate | up] -> out: [f] = act(gate) * up
     f = out.shape[0]

@@ -16,14 +16,16 @@ positions <= its own (causal) and, with a sliding window w, > position - w.
 Work is split into items (query tile, KV head, key chunk). A tile is up to TILE consecutive
 tokens of one sequence (a prefill run), so each K/V block is widened once per tile rather than
 once per token; the query heads sharing a KV head (GQA group) share it too. Softmax is online
-(flash-attention style), one block at a time. When there are fewer (tile, head) pairs than
-threads — decode — each key range is split into chunks of SPLIT_BLOCKS blocks whose partial
-softmax states are merged afterwards (flash-decoding), so one long sequence still uses every
-thread.
+(flash-attention style), one block at a time; keys a token does not see get weight 0 (no
+score is set to -inf). The key range is always cut into chunks of SPLIT_BLOCKS blocks at fixed
+positions (block index // SPLIT_BLOCKS), whose partial softmax states are merged in chunk order
+afterwards (flash-decoding): one long sequence still uses every thread, and a token's result is
+the same bits whatever tile, batch or thread count it is computed in (a batching engine gives
+each sequence the numbers it would get alone).
 """
 
 import numpy as np
-from numba import get_num_threads, njit, prange
+from numba import njit, prange
 from numba.core import types
 from numba.extending import overload
 
@@ -32,10 +34,15 @@ from .norm import _norm_row
 from .rope import rope_cos_sin, rope_rotate
 
 TILE = 16
-PARALLEL_MIN_ITEMS = 8
 SPLIT_BLOCKS = 8
+# Preparing a token (RoPE angles, norms, the cache write) costs ~1.5 us: below this many tokens
+# a parallel region costs more than it saves.
+PARALLEL_PREPARE_MIN = 32
+PARALLEL_MERGE_MIN = 8
 _F16_MAGIC = np.float32(2.0**112)
-# Reassociation lets the dot products vectorize; no finite-math flags (masked scores are -inf).
+_F16_BITS = np.int32(-0x70002000)  # 0x8FFFE000: sign, then half's exponent and mantissa
+# Reassociation lets the dot products vectorize; no finite-math flags (softmax states start
+# at -inf).
 _FAST = {"reassoc", "contract"}
 _NEG_INF = np.float32(-np.inf)
 
@@ -87,21 +94,24 @@ def _widen_impl(src, dst):
     if src.dtype == types.uint16:
 
         def impl(src, dst):
-            # Branch-free so the loop vectorizes: exponent+mantissa shifted into float32
-            # position and scaled by 2^112 is exact for normal and subnormal halves alike.
-            # (inf/NaN halves, which a usable cache never holds, come out large and finite.)
-            for i in range(src.shape[0]):
-                for j in range(src.shape[1]):
-                    h = np.uint32(src[i, j])
-                    f = np.uint32((h & np.uint32(0x7FFF)) << np.uint32(13)).view(np.float32)
-                    f = np.float32(f * _F16_MAGIC)
-                    sign = (h & np.uint32(0x8000)) << np.uint32(16)
-                    dst[i, j] = np.uint32(f.view(np.uint32) | sign).view(np.float32)
+            # Branch-free and flat so the loop vectorizes: the half sign-extended to int32 and
+            # shifted left 13 puts its sign, exponent and mantissa in float32 position (the mask
+            # clears the extension); scaling by 2^112 rebiases the exponent, exact for normal
+            # and subnormal halves alike. (inf/NaN halves, which a usable cache never holds,
+            # come out large and finite.)
+            s = src.reshape(-1)
+            d = dst.reshape(-1)
+            for k in range(s.shape[0]):
+                x = np.int32((np.int32(np.int16(s[k])) << np.int32(13)) & _F16_BITS)
+                d[k] = np.float32(x.view(np.float32) * _F16_MAGIC)
 
     else:
 
         def impl(src, dst):
-            dst[:, :] = src
+            s = src.reshape(-1)
+            d = dst.reshape(-1)
+            for k in range(s.shape[0]):
+                d[k] = s[k]
 
     return impl
 
@@ -140,13 +150,49 @@ def _prepare_token(qkv, t, q_norm, k_norm, eps, pos, inv_freq, neox, q_scale, kc
             _store(row[v0 + h * dv + c], vc[blk, h, off], c)
 
 
+# Helpers are inlined at Numba IR level: as calls, their loops measured 30 % slower.
+@njit(cache=True, fastmath=_FAST, inline="always")
+def _scores(qg, kt, s):
+    # qg: [dk], kt: [dk, bs] -> s: [bs] = qg . kt, four dims per pass over s
+    dk, bs = kt.shape
+    s[:] = 0.0
+    d4 = dk - dk % 4
+    for c in range(0, d4, 4):
+        q0, q1, q2, q3 = qg[c], qg[c + 1], qg[c + 2], qg[c + 3]
+        k0, k1, k2, k3 = kt[c], kt[c + 1], kt[c + 2], kt[c + 3]
+        for j in range(bs):
+            s[j] += q0 * k0[j] + q1 * k1[j] + q2 * k2[j] + q3 * k3[j]
+    for c in range(d4, dk):
+        qc = qg[c]
+        kr = kt[c]
+        for j in range(bs):
+            s[j] += qc * kr[j]
+
+
+@njit(cache=True, fastmath=_FAST, inline="always")
+def _weigh_values(p, vf, acc):
+    # p: [bs], vf: [bs, dv] -> acc: [dv] += p . vf, four keys per pass over acc
+    bs, dv = vf.shape
+    b4 = bs - bs % 4
+    for j in range(0, b4, 4):
+        p0, p1, p2, p3 = p[j], p[j + 1], p[j + 2], p[j + 3]
+        v0, v1, v2, v3 = vf[j], vf[j + 1], vf[j + 2], vf[j + 3]
+        for c in range(dv):
+            acc[c] += p0 * v0[c] + p1 * v1[c] + p2 * v2[c] + p3 * v3[c]
+    for j in range(b4, bs):
+        pj = p[j]
+        vr = vf[j]
+        for c in range(dv):
+            acc[c] += pj * vr[c]
+
+
 @njit(cache=True, fastmath=_FAST)
 def _attend(q, t0, t1, positions, window, h, kc, vc, table, b_start, b_end, m, l, acc):
     # Tokens t0..t1-1 (one sequence, consecutive positions), query heads h*G..(h+1)*G-1 of
     # q: [n, nh, dk] against the keys of KV head h in logical blocks [b_start, b_end).
-    # Running softmax state per (token in tile, head in group): m, l: [TILE, G],
-    # acc: [TILE, G, dv] (unnormalised). Whole arrays plus indices are passed, not slices, so
-    # every row below is a contiguous array and the inner loops vectorize.
+    # Running softmax state per (token in tile, head in group): m, l: [>= t1 - t0, G],
+    # acc: [>= t1 - t0, G, dv] (unnormalised). Whole arrays plus indices are passed, not
+    # slices, so every row below is a contiguous array and the inner loops vectorize.
     G = m.shape[1]
     dk = q.shape[2]
     bs, dv = vc.shape[2], vc.shape[3]
@@ -154,45 +200,34 @@ def _attend(q, t0, t1, positions, window, h, kc, vc, table, b_start, b_end, m, l
     vf = np.empty((bs, dv), np.float32)
     s = np.empty(bs, np.float32)
     for b in range(b_start, b_end):
-        blk = table[b]
         p0 = b * bs
-        _widen(kc[blk, h], kt)
-        _widen(vc[blk, h], vf)
+        _widen(kc[table[b], h], kt)
+        _widen(vc[table[b], h], vf)
         for t in range(t0, t1):
-            hi = positions[t] - p0  # keys j <= hi (causal)
-            lo = hi - window if window > 0 else -1  # keys j > lo (sliding window)
-            if hi < 0 or lo >= bs - 1:
-                continue  # no key of this block is visible to token t
+            # Token t sees keys a <= j < e of this block (causal, inside its window). Loops run
+            # over the whole block, the others weighted 0: a fixed trip count vectorizes.
+            e = min(positions[t] - p0 + 1, bs)
+            a = max(positions[t] - window + 1 - p0, 0) if window > 0 else 0
+            if e <= a:
+                continue
             i = t - t0
             for g in range(G):
-                qg = q[t, h * G + g]
-                s[:] = 0.0
-                for c in range(dk):
-                    qc = qg[c]
-                    kr = kt[c]
-                    for j in range(bs):
-                        s[j] += qc * kr[j]
-                smax = _NEG_INF
-                for j in range(bs):
-                    if j > hi or j <= lo:
-                        s[j] = _NEG_INF
+                _scores(q[t, h * G + g], kt, s)
+                smax = s[a]
+                for j in range(a + 1, e):
                     smax = max(smax, s[j])
                 m_new = max(m[i, g], smax)
                 corr = exp_f32(m[i, g] - m_new)
                 m[i, g] = m_new
-                ag = acc[i, g]
                 psum = np.float32(0.0)
                 for j in range(bs):
-                    s[j] = exp_f32(s[j] - m_new) if s[j] != _NEG_INF else np.float32(0.0)
+                    s[j] = exp_f32(s[j] - m_new) if a <= j < e else np.float32(0.0)
                     psum += s[j]
                 l[i, g] = l[i, g] * corr + psum
+                ag = acc[i, g]
                 for c in range(dv):
                     ag[c] *= corr
-                for j in range(bs):
-                    p = s[j]
-                    vr = vf[j]
-                    for c in range(dv):
-                        ag[c] += p * vr[c]
+                _weigh_values(s, vf, ag)
 
 
 @njit(cache=True, fastmath=_FAST)
@@ -222,11 +257,37 @@ def _merge(t, h, tiles, first_item, n_chunks, m, l, acc, out):
             o[j] *= inv
 
 
+@njit(cache=True, fastmath=_FAST)
+def _item(
+    item, tiles, n_chunks, first_item, q, positions, window, kc, vc, block_tables, seq_rows,
+    m_kept, l_kept, acc_kept,
+):  # fmt: skip
+    # One (tile, KV head, key chunk): its partial softmax state, kept at the item's index in
+    # the unshuffled order for _merge.
+    # (Its own function: array expressions in a parallel=True body become parallel regions.)
+    i, h, c = item[0], item[1], item[2]
+    t0, t1 = tiles[i, 0], tiles[i, 1]
+    G, dv = m_kept.shape[2], acc_kept.shape[3]
+    bs = vc.shape[2]
+    chunk = tiles[i, 2] // SPLIT_BLOCKS + c
+    b_start = max(tiles[i, 2], chunk * SPLIT_BLOCKS)
+    b_end = min((chunk + 1) * SPLIT_BLOCKS, positions[t1 - 1] // bs + 1)
+    m = np.full((t1 - t0, G), _NEG_INF, np.float32)
+    l = np.zeros((t1 - t0, G), np.float32)
+    acc = np.zeros((t1 - t0, G, dv), np.float32)
+    table = block_tables[seq_rows[t0]]
+    _attend(q, t0, t1, positions, window, h, kc, vc, table, b_start, b_end, m, l, acc)
+    slot = first_item[i] + h * n_chunks[i] + c
+    m_kept[slot, : t1 - t0] = m
+    l_kept[slot, : t1 - t0] = l
+    acc_kept[slot, : t1 - t0] = acc
+
+
 @njit(cache=True)
-def _plan(seq_rows, positions, window, bs, nkv, n_threads):
-    # -> tiles: int64[n_tiles, 3] (t0, t1, first block), chunks per tile, split (blocks per
-    # chunk), and item -> (tile, head, chunk) in an order that interleaves long and short
-    # items so prange's contiguous halves get similar work.
+def _plan(seq_rows, positions, window, bs, nkv):
+    # -> tiles: int64[n_tiles, 3] (t0, t1, first block), chunks per tile, each tile's first
+    # item, and item -> (tile, head, chunk) in an order that interleaves long and short items
+    # so prange's contiguous halves get similar work.
     n = positions.shape[0]
     starts = [0]
     for t in range(1, n):
@@ -245,16 +306,11 @@ def _plan(seq_rows, positions, window, bs, nkv, n_threads):
         tiles[i, 0] = t0
         tiles[i, 1] = t1
         tiles[i, 2] = max(lo, 0) // bs
-    split = 1 << 30
-    if n_tiles * nkv < 2 * n_threads:
-        split = SPLIT_BLOCKS
     n_chunks = np.empty(n_tiles, np.int64)
     for i in range(n_tiles):
-        n_blocks = positions[tiles[i, 1] - 1] // bs + 1 - tiles[i, 2]
-        n_chunks[i] = (n_blocks + split - 1) // split
-    n_items = 0
-    for i in range(n_tiles):
-        n_items += n_chunks[i] * nkv
+        last_block = positions[tiles[i, 1] - 1] // bs
+        n_chunks[i] = last_block // SPLIT_BLOCKS - tiles[i, 2] // SPLIT_BLOCKS + 1
+    n_items = n_chunks.sum() * nkv
     items = np.empty((n_items, 3), np.int64)
     k = 0
     for i in range(n_tiles):
@@ -267,7 +323,10 @@ def _plan(seq_rows, positions, window, bs, nkv, n_threads):
     order = np.empty(n_items, np.int64)
     for k in range(n_items):
         order[k] = k // 2 if k % 2 == 0 else n_items - 1 - k // 2
-    return tiles, n_chunks, split, items[order]
+    first_item = np.zeros(n_tiles + 1, np.int64)
+    for i in range(n_tiles):
+        first_item[i + 1] = first_item[i] + n_chunks[i] * nkv
+    return tiles, n_chunks, first_item, items[order]
 
 
 @njit(parallel=True, cache=True)
@@ -286,14 +345,13 @@ def _self_attention(
     seq_rows,
     positions,
     slots,
-    n_threads,
     q,
     out,
 ):
     n, nh, dk = q.shape
     nkv, bs, dv = vc.shape[1], vc.shape[2], vc.shape[3]
     G = nh // nkv
-    if n < PARALLEL_MIN_ITEMS:
+    if n < PARALLEL_PREPARE_MIN:
         for t in range(n):
             _prepare_token(
                 qkv, t, q_norm, k_norm, eps, positions[t], inv_freq, neox, q_scale, kc, vc,
@@ -305,48 +363,23 @@ def _self_attention(
                 qkv, t, q_norm, k_norm, eps, positions[t], inv_freq, neox, q_scale, kc, vc,
                 slots[t], q,
             )  # fmt: skip
-    tiles, n_chunks, split, items = _plan(seq_rows, positions, window, bs, nkv, n_threads)
+    tiles, n_chunks, first_item, items = _plan(seq_rows, positions, window, bs, nkv)
     n_items = items.shape[0]
-    # Each item's partial state lives at the item's index in the unshuffled order.
-    first_item = np.zeros(tiles.shape[0] + 1, np.int64)
-    for i in range(tiles.shape[0]):
-        first_item[i + 1] = first_item[i] + n_chunks[i] * nkv
-    m = np.empty((n_items, TILE, G), np.float32)
-    l = np.empty((n_items, TILE, G), np.float32)
-    acc = np.empty((n_items, TILE, G, dv), np.float32)
+    m_kept = np.empty((n_items, TILE, G), np.float32)
+    l_kept = np.empty((n_items, TILE, G), np.float32)
+    acc_kept = np.empty((n_items, TILE, G, dv), np.float32)
     for k in prange(n_items):
-        i, h, c = items[k, 0], items[k, 1], items[k, 2]
-        t0, t1 = tiles[i, 0], tiles[i, 1]
-        slot = first_item[i] + h * n_chunks[i] + c
-        b_start = tiles[i, 2] + c * split
-        b_end = min(b_start + split, positions[t1 - 1] // bs + 1)
-        m[slot] = _NEG_INF
-        l[slot] = 0.0
-        acc[slot] = 0.0
-        table = block_tables[seq_rows[t0]]
-        _attend(
-            q,
-            t0,
-            t1,
-            positions,
-            window,
-            h,
-            kc,
-            vc,
-            table,
-            b_start,
-            b_end,
-            m[slot],
-            l[slot],
-            acc[slot],
-        )
+        _item(
+            items[k], tiles, n_chunks, first_item, q, positions, window, kc, vc, block_tables,
+            seq_rows, m_kept, l_kept, acc_kept,
+        )  # fmt: skip
     # Decode-sized loops run serially: a parallel region costs more than their work.
-    if n * nkv < PARALLEL_MIN_ITEMS:
+    if n * nkv < PARALLEL_MERGE_MIN:
         for th in range(n * nkv):
-            _merge(th // nkv, th % nkv, tiles, first_item, n_chunks, m, l, acc, out)
+            _merge(th // nkv, th % nkv, tiles, first_item, n_chunks, m_kept, l_kept, acc_kept, out)
     else:
         for th in prange(n * nkv):
-            _merge(th // nkv, th % nkv, tiles, first_item, n_chunks, m, l, acc, out)
+            _merge(th // nkv, th % nkv, tiles, first_item, n_chunks, m_kept, l_kept, acc_kept, out)
 
 
 def self_attention(
@@ -395,7 +428,6 @@ def self_attention(
         seq_rows,
         positions,
         slots,
-        get_num_threads(),
         q,
         out,
     )

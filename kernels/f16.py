@@ -3,18 +3,30 @@ with no per-block scales there is nothing for a fused integer kernel to save).""
 
 import numpy as np
 from gguf import GGMLQuantizationType
-from numba import njit, prange
+from numba import njit
 
 from .floatbits import half_to_float
+from .matmul import each_row, row_tile_matmul
 from .registry import QuantType, register
+
+
+# raw: [cols * 2] (one row) -> out: [cols]
+@njit(cache=True)
+def dequantize_row(raw, out):
+    for j in range(out.shape[0]):
+        out[j] = half_to_float(np.uint32(raw[2 * j]) | np.uint32(raw[2 * j + 1]) << 8)
 
 
 # raw: [rows, cols * 2] -> out: [rows, cols]
 @njit(parallel=True, cache=True)
 def dequantize_rows(raw, out):
-    for r in prange(raw.shape[0]):
-        for j in range(out.shape[1]):
-            out[r, j] = half_to_float(np.uint32(raw[r, 2 * j]) | np.uint32(raw[r, 2 * j + 1]) << 8)
+    each_row(dequantize_row, raw, out)
+
+
+# raw: [out, cols * 2], x: [n, in] -> out: [n, out]
+@njit(parallel=True, cache=True, fastmath=True)
+def matmul_rows(raw, x, out):
+    row_tile_matmul(dequantize_row, raw, x, out)
 
 
 UNIT = register(
@@ -24,5 +36,6 @@ UNIT = register(
         type_size=2,
         dequantize_rows=dequantize_rows,
         matmul_small=None,
+        matmul_rows=matmul_rows,
     )
 )

@@ -1,6 +1,8 @@
-"""y = x · Wᵀ for any GGML type: fused kernels for small n, dequantized tiles + BLAS for large n."""
+"""y = x · Wᵀ for any GGML type: fused int8 kernels for the smallest n, row-tile kernels (built
+here from the units' row dequantizers) for batched decode, dequantized tiles + BLAS for large n."""
 
 import numpy as np
+from numba import njit, prange
 
 from . import threads
 from .weight import QuantWeight
@@ -8,6 +10,66 @@ from .weight import QuantWeight
 # Rows of W dequantized per BLAS call in the large-n path: a float32 tile of about this many bytes
 # stays in L2/L3 while BLAS streams x through it.
 TILE_BYTES = 2 << 20
+
+
+# Output rows per prange item of the row-tile kernel: their float32 copy (ROW_TILE x in) stays in
+# L1/L2 while every activation row passes over it, and out = 576 still splits into 72 items.
+ROW_TILE = 8
+
+
+# dequantize_row: a unit's serial (raw u8[row_bytes], out f32[in]) -> None;
+# raw: [rows, row_bytes] -> out: [rows, in]. Inlined into each unit's own kernel: a jitted function
+# passed as an argument would key Numba's disk cache on its address, missing on every start.
+@njit(cache=True, inline="always")
+def each_row(dequantize_row, raw, out):
+    for r in prange(raw.shape[0]):
+        dequantize_row(raw[r], out[r])
+
+
+# x: [n, in], raw: [out, row_bytes] -> out: [n, out]. Each prange item dequantizes ROW_TILE rows
+# into a float buffer, so W is unpacked once for all n; then, for each 4 of those rows (kept in
+# L1 while the activation rows stream past: faster than the other order at in = 1536), 4 rows x 2
+# activation rows per pass over `in` with float accumulators (6 loads per 8 FMAs). Ragged edges
+# repeat the last row (same arithmetic, same value stored twice): every output takes one code
+# path, so its bits do not depend on n, `out` or the threads. Inlined like `each_row`; the unit's
+# kernel is compiled with fastmath, which lets LLVM vectorize the reductions.
+@njit(cache=True, inline="always")
+def row_tile_matmul(dequantize_row, raw, x, out):
+    rows = raw.shape[0]
+    n, k = x.shape
+    for g in prange((rows + ROW_TILE - 1) // ROW_TILE):
+        r0 = g * ROW_TILE
+        last = min(ROW_TILE, rows - r0) - 1
+        w = np.empty((ROW_TILE, k), np.float32)
+        for i in range(last + 1):
+            dequantize_row(raw[r0 + i], w[i])
+        for i in range(0, last + 1, 4):
+            i1, i2, i3 = min(i + 1, last), min(i + 2, last), min(i + 3, last)
+            w0, w1, w2, w3 = w[i], w[i1], w[i2], w[i3]
+            for t in range(0, n, 2):
+                t1 = min(t + 1, n - 1)
+                x0, x1 = x[t], x[t1]
+                a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
+                for j in range(k):
+                    u, v = x0[j], x1[j]
+                    a0 += w0[j] * u
+                    a1 += w1[j] * u
+                    a2 += w2[j] * u
+                    a3 += w3[j] * u
+                    b0 += w0[j] * v
+                    b1 += w1[j] * v
+                    b2 += w2[j] * v
+                    b3 += w3[j] * v
+                out[t, r0 + i], out[t, r0 + i1] = a0, a1
+                out[t, r0 + i2], out[t, r0 + i3] = a2, a3
+                out[t1, r0 + i], out[t1, r0 + i1] = b0, b1
+                out[t1, r0 + i2], out[t1, r0 + i3] = b2, b3
+
+
+# Rows per BLAS call when the rows' bits must not depend on the batch (see `matmul`): OpenBLAS
+# rounds a row differently depending on its position in the call and on the call's size. 32
+# keeps 70-75 % of one big call's speed (64: 83 %, 16: 55 %, measured at [512, 576] x [576, 1536]).
+BLAS_ROW_BLOCK = 32
 
 
 def _check_x(x: np.ndarray, w: QuantWeight) -> np.ndarray:
@@ -20,9 +82,18 @@ def _check_x(x: np.ndarray, w: QuantWeight) -> np.ndarray:
     return x
 
 
-def matmul_tiled(x: np.ndarray, w: QuantWeight, out: np.ndarray) -> None:
-    # x: [n, in], w: [out, in] -> out: [n, out]; W is float only one tile per thread at a time
+def matmul_tiled(
+    x: np.ndarray, w: QuantWeight, out: np.ndarray, row_block: int | None = None
+) -> None:
+    # x: [n, in], w: [out, in] -> out: [n, out]; W is float only one tile per thread at a time.
+    # row_block: one BLAS call per block of that many rows of x (n a multiple of it), so that a
+    # row's bits depend only on its place in its block, not on the other rows or on n.
     rows, cols = w.shape
+    blocks = (
+        [slice(None)]
+        if row_block is None
+        else [slice(i, i + row_block) for i in range(0, x.shape[0], row_block)]
+    )
     tile = max(16, min(rows, TILE_BYTES // (4 * cols)))
     dequantize_rows = w.unit.dequantize_rows
 
@@ -33,20 +104,70 @@ def matmul_tiled(x: np.ndarray, w: QuantWeight, out: np.ndarray) -> None:
             wt = buf[: r1 - r0]
             dequantize_rows(w.raw[r0:r1], wt)
             # into a fresh contiguous block: numpy skips BLAS when `out` is a strided column slice
-            out[:, r0:r1] = x @ wt.T
+            for b in blocks:
+                out[b, r0:r1] = x[b] @ wt.T
 
     threads.run_split(rows, tiles, min_items=tile)
 
 
-def matmul(x: np.ndarray, w: QuantWeight) -> np.ndarray:
-    """x: float32[n, in], w: QuantWeight [out, in] -> float32[n, out]."""
+def matmul(x: np.ndarray, w: QuantWeight, blas_layout: np.ndarray | None = None) -> np.ndarray:
+    """x: float32[n, in], w: QuantWeight [out, in] -> float32[n, out].
+
+    None: the path is chosen by n alone. A batching engine needs more: each sequence must get
+    the same numbers whoever it shares a step with. The row-tile kernels compute every row on
+    its own, but BLAS does not: a row's rounding depends on its place in the M-blocking of the
+    call. blas_layout: int64[n], for each row -1 (`_row_wise`) or its row in a zero-padded input
+    that is multiplied BLAS_ROW_BLOCK rows per call: a row placed at the same offset modulo
+    BLAS_ROW_BLOCK gets the same bits in any batch.
+    """
     x = _check_x(x, w)
     threads.apply()
+    if blas_layout is None:
+        return _by_n(x, w)
+    if w.unit.matmul_small is None and w.unit.matmul_rows is None:
+        return _tiled(x, w)
+    blas = blas_layout >= 0
     out = np.empty((x.shape[0], w.shape[0]), np.float32)
-    if w.unit.matmul_small is not None and x.shape[0] <= w.unit.small_n_max:
+    if blas.any():
+        padded = np.zeros(
+            (-(-(blas_layout.max() + 1) // BLAS_ROW_BLOCK) * BLAS_ROW_BLOCK, x.shape[1]), np.float32
+        )
+        padded[blas_layout[blas]] = x[blas]
+        padded_out = np.empty((padded.shape[0], w.shape[0]), np.float32)
+        matmul_tiled(padded, w, padded_out, BLAS_ROW_BLOCK)
+        out[blas] = padded_out[blas_layout[blas]]
+    if not blas.all():
+        out[~blas] = _row_wise(np.ascontiguousarray(x[~blas]), w)
+    return out
+
+
+def _by_n(x: np.ndarray, w: QuantWeight) -> np.ndarray:
+    # the fastest path for this n (measured per unit: small_n_max, rows_n_max)
+    n = x.shape[0]
+    out = np.empty((n, w.shape[0]), np.float32)
+    if w.unit.matmul_small is not None and n <= w.unit.small_n_max:
         w.unit.matmul_small(w.packed, x, out)
+    elif w.unit.matmul_rows is not None and n <= w.unit.rows_n_max:
+        w.unit.matmul_rows(w.raw, x, out)
     else:
         matmul_tiled(x, w, out)
+    return out
+
+
+def _tiled(x: np.ndarray, w: QuantWeight) -> np.ndarray:
+    out = np.empty((x.shape[0], w.shape[0]), np.float32)
+    matmul_tiled(x, w, out)
+    return out
+
+
+def _row_wise(x: np.ndarray, w: QuantWeight) -> np.ndarray:
+    # One kernel at every n: a row's bits must not depend on how many rows share the call.
+    # The row-tile kernel where the unit has one (fast from n = 1 to 64), else the fused one.
+    out = np.empty((x.shape[0], w.shape[0]), np.float32)
+    if w.unit.matmul_rows is not None:
+        w.unit.matmul_rows(w.raw, x, out)
+    else:
+        w.unit.matmul_small(w.packed, x, out)
     return out
 
 

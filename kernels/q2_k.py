@@ -11,20 +11,19 @@ from numba import njit, prange
 
 from .act_quant import make_matmul_small
 from .kquant_common import I32, QK_K, SUM_GROUP, f16_at
+from .matmul import each_row, row_tile_matmul
 from .registry import QuantType, register
 
 TYPE_SIZE = 84
 
 
-# raw: [rows, nb*84] uint8 -> out: [rows, nb*256] float32
-@njit(parallel=True, cache=True)
-def dequantize_rows(raw, out):
-    nb = raw.shape[1] // TYPE_SIZE
-    for i in prange(raw.shape[0] * nb):
-        r = i // nb
-        b = i % nb
-        blk = raw[r, b * TYPE_SIZE : (b + 1) * TYPE_SIZE]
-        o = out[r, b * QK_K : (b + 1) * QK_K]
+# raw: [nb*84] uint8 (one row) -> out: [nb*256] float32
+@njit(cache=True)
+def dequantize_row(raw, out):
+    nb = raw.shape[0] // TYPE_SIZE
+    for b in range(nb):
+        blk = raw[b * TYPE_SIZE : (b + 1) * TYPE_SIZE]
+        o = out[b * QK_K : (b + 1) * QK_K]
         d = f16_at(blk, 80)
         dmin = f16_at(blk, 82)
         for j in range(16):  # 16-element sub-blocks
@@ -34,6 +33,18 @@ def dequantize_rows(raw, out):
             shift = 2 * ((j >> 1) & 3)
             for l in range(16):
                 o[16 * j + l] = dl * np.float32((blk[q0 + l] >> shift) & 3) - ml
+
+
+# raw: [rows, nb*84] -> out: [rows, nb*256]
+@njit(parallel=True, cache=True)
+def dequantize_rows(raw, out):
+    each_row(dequantize_row, raw, out)
+
+
+# raw: [out, nb*84], x: [n, in] -> out: [n, out]
+@njit(parallel=True, cache=True, fastmath=True)
+def matmul_rows(raw, x, out):
+    row_tile_matmul(dequantize_row, raw, x, out)
 
 
 # raw: [out, nb*84] uint8, xq: [n, in] int8, xd: [n, nb] f32, xs: [n, in/16] int32 -> y: [n, out]
@@ -83,7 +94,8 @@ register(
         type_size=TYPE_SIZE,
         dequantize_rows=dequantize_rows,
         matmul_small=make_matmul_small(matmul_q8, QK_K, SUM_GROUP),
-        # crossover with the dequantize + BLAS path, measured (CPU time, 1 thread, 2048 x 2048)
-        small_n_max=8,
+        # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
+        small_n_max=6,
+        matmul_rows=matmul_rows,
     )
 )

@@ -8,6 +8,8 @@ from gguf import GGMLQuantizationType
 from numba import njit, prange
 
 from .act_quant import make_matmul_small
+from .kquant_common import f16_at
+from .matmul import each_row, row_tile_matmul
 from .q4_0 import U4, U15, half_at, nibble_pair_dot
 from .registry import QuantType, register
 
@@ -15,21 +17,32 @@ BLOCK, TYPE_SIZE = 32, 20
 i16, f32 = np.int16, np.float32
 
 
+# raw: [nb * 20] (one row) -> out: [nb * 32]
+@njit(cache=True)
+def dequantize_row(raw, out):
+    nb = raw.shape[0] // TYPE_SIZE
+    w2 = raw.reshape(nb, TYPE_SIZE)
+    o2 = out.reshape(nb, BLOCK)
+    half = o2.shape[1] // 2  # runtime count: a constant 16 gets fully unrolled, scalar
+    for b in range(nb):
+        d = f16_at(w2[b], 0)
+        m = f16_at(w2[b], 2)
+        for j in range(half):
+            v = w2[b, 4 + j]
+            o2[b, j] = d * f32(np.bitwise_and(v, U15)) + m
+            o2[b, half + j] = d * f32(np.right_shift(v, U4)) + m
+
+
 # raw: [rows, nb * 20] -> out: [rows, nb * 32]
 @njit(parallel=True, cache=True)
 def dequantize_rows(raw, out):
-    rows, nb = raw.shape[0], raw.shape[1] // TYPE_SIZE
-    w3 = raw.reshape(rows, nb, TYPE_SIZE)
-    o3 = out.reshape(rows, nb, BLOCK)
-    half = o3.shape[2] // 2  # runtime count: a constant 16 gets fully unrolled, scalar
-    for r in prange(rows):
-        for b in range(nb):
-            d = half_at(w3, r, b, 0)
-            m = half_at(w3, r, b, 2)
-            for j in range(half):
-                v = w3[r, b, 4 + j]
-                o3[r, b, j] = d * f32(np.bitwise_and(v, U15)) + m
-                o3[r, b, half + j] = d * f32(np.right_shift(v, U4)) + m
+    each_row(dequantize_row, raw, out)
+
+
+# raw: [out, nb * 20], x: [n, in] -> out: [n, out]
+@njit(parallel=True, cache=True, fastmath=True)
+def matmul_rows(raw, x, out):
+    row_tile_matmul(dequantize_row, raw, x, out)
 
 
 # raw: [out, nb * 20], xq: [n, in] int8, xd/xs: [n, nb] -> out: [n, out]
@@ -84,7 +97,8 @@ UNIT = register(
         type_size=TYPE_SIZE,
         dequantize_rows=dequantize_rows,
         matmul_small=make_matmul_small(_matmul_q8act, BLOCK, BLOCK),
-        # crossover with the dequantize + BLAS path (best wall time, 1 thread, 4096 wide)
-        small_n_max=3,
+        # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
+        small_n_max=2,
+        matmul_rows=matmul_rows,
     )
 )

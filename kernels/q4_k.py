@@ -10,22 +10,21 @@ from numba import njit, prange
 
 from .act_quant import make_matmul_small
 from .kquant_common import I32, QK_K, SUM_GROUP, f16_at, scale_min_k4
+from .matmul import each_row, row_tile_matmul
 from .registry import QuantType, register
 
 TYPE_SIZE = 144
 U15, U4 = np.uint8(15), np.uint8(4)
 
 
-# raw: [rows, nb*144] uint8 -> out: [rows, nb*256] float32
-@njit(parallel=True, cache=True)
-def dequantize_rows(raw, out):
-    nb = raw.shape[1] // TYPE_SIZE
-    sub_len = out.shape[1] // nb // 8  # runtime count: a constant 32 gets unrolled, scalar
-    for i in prange(raw.shape[0] * nb):
-        r = i // nb
-        b = i % nb
-        blk = raw[r, b * TYPE_SIZE : (b + 1) * TYPE_SIZE]
-        o = out[r, b * QK_K : (b + 1) * QK_K]
+# raw: [nb*144] uint8 (one row) -> out: [nb*256] float32
+@njit(cache=True)
+def dequantize_row(raw, out):
+    nb = raw.shape[0] // TYPE_SIZE
+    sub_len = out.shape[0] // nb // 8  # runtime count: a constant 32 gets unrolled, scalar
+    for b in range(nb):
+        blk = raw[b * TYPE_SIZE : (b + 1) * TYPE_SIZE]
+        o = out[b * QK_K : (b + 1) * QK_K]
         d = f16_at(blk, 0)
         dmin = f16_at(blk, 2)
         for c in range(4):  # 32 bytes: sub-block 2c in the low nibbles, 2c + 1 in the high
@@ -40,6 +39,18 @@ def dequantize_rows(raw, out):
                 v = qs[l]
                 lo[l] = dl0 * np.float32(np.bitwise_and(v, U15)) - ml0
                 hi[l] = dl1 * np.float32(np.right_shift(v, U4)) - ml1
+
+
+# raw: [rows, nb*144] -> out: [rows, nb*256]
+@njit(parallel=True, cache=True)
+def dequantize_rows(raw, out):
+    each_row(dequantize_row, raw, out)
+
+
+# raw: [out, nb*144], x: [n, in] -> out: [n, out]
+@njit(parallel=True, cache=True, fastmath=True)
+def matmul_rows(raw, x, out):
+    row_tile_matmul(dequantize_row, raw, x, out)
 
 
 # raw: [out, nb*144] uint8, xq: [n, in] int8, xd: [n, nb] f32, xs: [n, in/16] int32 -> y: [n, out]
@@ -83,7 +94,8 @@ register(
         type_size=TYPE_SIZE,
         dequantize_rows=dequantize_rows,
         matmul_small=make_matmul_small(matmul_q8, QK_K, SUM_GROUP),
-        # crossover with the dequantize + BLAS path (best wall time, 1 thread, 4096 wide)
-        small_n_max=4,
+        # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
+        small_n_max=2,
+        matmul_rows=matmul_rows,
     )
 )

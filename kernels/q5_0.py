@@ -8,6 +8,7 @@ from gguf import GGMLQuantizationType
 from numba import njit, prange
 
 from .act_quant import make_matmul_small
+from .matmul import each_row, row_tile_matmul
 from .q4_0 import U4, U15, half_at, nibble_pair_dot
 from .registry import QuantType, register
 
@@ -37,23 +38,36 @@ def bit_pair_dot(lo, hi, bit, xl, xh):
     return np.add(mul(i16(band(lo, bit) != 0), xl), mul(i16(band(hi, bit) != 0), xh))
 
 
+# raw: [nb * 22] (one row) -> out: [nb * 32]
+@njit(cache=True)
+def dequantize_row(raw, out):
+    nb = raw.shape[0] // TYPE_SIZE
+    # one row as [1, nb, block bytes]: the block helpers shared with the fused kernel index (r, b)
+    w3 = raw.reshape(1, nb, TYPE_SIZE)
+    o3 = out.reshape(1, nb, BLOCK)
+    half = o3.shape[2] // 2  # runtime count: a constant 16 gets fully unrolled, scalar
+    r = 0
+    for b in range(nb):
+        d = half_at(w3, r, b, 0)
+        lo, hi = fifth_bits(w3, r, b, 2)
+        for j in range(half):
+            v = w3[r, b, 6 + j]
+            q = np.add(i16(band(v, U15)), mul(i16(band(lo, BITS[j]) != 0), S16))
+            o3[r, b, j] = d * f32(np.subtract(q, S16))
+            q = np.add(i16(np.right_shift(v, U4)), mul(i16(band(hi, BITS[j]) != 0), S16))
+            o3[r, b, half + j] = d * f32(np.subtract(q, S16))
+
+
 # raw: [rows, nb * 22] -> out: [rows, nb * 32]
 @njit(parallel=True, cache=True)
 def dequantize_rows(raw, out):
-    rows, nb = raw.shape[0], raw.shape[1] // TYPE_SIZE
-    w3 = raw.reshape(rows, nb, TYPE_SIZE)
-    o3 = out.reshape(rows, nb, BLOCK)
-    half = o3.shape[2] // 2  # runtime count: a constant 16 gets fully unrolled, scalar
-    for r in prange(rows):
-        for b in range(nb):
-            d = half_at(w3, r, b, 0)
-            lo, hi = fifth_bits(w3, r, b, 2)
-            for j in range(half):
-                v = w3[r, b, 6 + j]
-                q = np.add(i16(band(v, U15)), mul(i16(band(lo, BITS[j]) != 0), S16))
-                o3[r, b, j] = d * f32(np.subtract(q, S16))
-                q = np.add(i16(np.right_shift(v, U4)), mul(i16(band(hi, BITS[j]) != 0), S16))
-                o3[r, b, half + j] = d * f32(np.subtract(q, S16))
+    each_row(dequantize_row, raw, out)
+
+
+# raw: [out, nb * 22], x: [n, in] -> out: [n, out]
+@njit(parallel=True, cache=True, fastmath=True)
+def matmul_rows(raw, x, out):
+    row_tile_matmul(dequantize_row, raw, x, out)
 
 
 # raw: [out, nb * 22], xq: [n, in] int8, xd/xs: [n, nb] -> out: [n, out]
@@ -103,7 +117,8 @@ UNIT = register(
         type_size=TYPE_SIZE,
         dequantize_rows=dequantize_rows,
         matmul_small=make_matmul_small(_matmul_q8act, BLOCK, BLOCK),
-        # crossover with the dequantize + BLAS path (best wall time, 1 thread, 4096 wide)
-        small_n_max=2,
+        # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
+        small_n_max=1,
+        matmul_rows=matmul_rows,
     )
 )

@@ -9,6 +9,7 @@ from numba import njit, prange
 
 from .act_quant import make_matmul_small
 from .floatbits import load_half, load_u32
+from .matmul import each_row, row_tile_matmul
 from .q4_0 import half_at, nibble_pair_dot
 from .q5_0 import BITS, bit_pair_dot, fifth_bits
 from .registry import QuantType, register
@@ -17,21 +18,33 @@ BLOCK, TYPE_SIZE = 32, 24
 i16, u32, f32 = np.int16, np.uint32, np.float32
 
 
+# raw: [nb * 24] (one row) -> out: [nb * 32]
+@njit(cache=True)
+def dequantize_row(raw, out):
+    w = raw.reshape(1, raw.shape[0])  # the (row, offset) loaders shared with the fused kernel
+    for b in range(raw.shape[0] // TYPE_SIZE):
+        o = b * TYPE_SIZE
+        d = load_half(w, 0, o)
+        m = load_half(w, 0, o + 2)
+        qh = load_u32(w, 0, o + 4)
+        for j in range(16):
+            v = u32(raw[o + 8 + j])
+            lo = (v & u32(15)) | ((qh >> u32(j)) & u32(1)) << u32(4)
+            hi = (v >> u32(4)) | ((qh >> u32(j + 16)) & u32(1)) << u32(4)
+            out[b * 32 + j] = d * f32(lo) + m
+            out[b * 32 + 16 + j] = d * f32(hi) + m
+
+
 # raw: [rows, nb * 24] -> out: [rows, nb * 32]
 @njit(parallel=True, cache=True)
 def dequantize_rows(raw, out):
-    for r in prange(raw.shape[0]):
-        for b in range(raw.shape[1] // TYPE_SIZE):
-            o = b * TYPE_SIZE
-            d = load_half(raw, r, o)
-            m = load_half(raw, r, o + 2)
-            qh = load_u32(raw, r, o + 4)
-            for j in range(16):
-                v = u32(raw[r, o + 8 + j])
-                lo = (v & u32(15)) | ((qh >> u32(j)) & u32(1)) << u32(4)
-                hi = (v >> u32(4)) | ((qh >> u32(j + 16)) & u32(1)) << u32(4)
-                out[r, b * 32 + j] = d * f32(lo) + m
-                out[r, b * 32 + 16 + j] = d * f32(hi) + m
+    each_row(dequantize_row, raw, out)
+
+
+# raw: [out, nb * 24], x: [n, in] -> out: [n, out]
+@njit(parallel=True, cache=True, fastmath=True)
+def matmul_rows(raw, x, out):
+    row_tile_matmul(dequantize_row, raw, x, out)
 
 
 # raw: [out, nb * 24], xq: [n, in] int8, xd/xs: [n, nb] -> out: [n, out]
@@ -85,7 +98,8 @@ UNIT = register(
         type_size=TYPE_SIZE,
         dequantize_rows=dequantize_rows,
         matmul_small=make_matmul_small(_matmul_q8act, BLOCK, BLOCK),
-        # crossover with the dequantize + BLAS path (best wall time, 1 thread, 4096 wide)
-        small_n_max=2,
+        # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
+        small_n_max=1,
+        matmul_rows=matmul_rows,
     )
 )

@@ -11,20 +11,19 @@ from numba import njit, prange
 
 from .act_quant import make_matmul_small
 from .kquant_common import I32, QK_K, SUM_GROUP, f16_at, scale_min_k4
+from .matmul import each_row, row_tile_matmul
 from .registry import QuantType, register
 
 TYPE_SIZE = 176
 
 
-# raw: [rows, nb*176] uint8 -> out: [rows, nb*256] float32
-@njit(parallel=True, cache=True)
-def dequantize_rows(raw, out):
-    nb = raw.shape[1] // TYPE_SIZE
-    for i in prange(raw.shape[0] * nb):
-        r = i // nb
-        b = i % nb
-        blk = raw[r, b * TYPE_SIZE : (b + 1) * TYPE_SIZE]
-        o = out[r, b * QK_K : (b + 1) * QK_K]
+# raw: [nb*176] uint8 (one row) -> out: [nb*256] float32
+@njit(cache=True)
+def dequantize_row(raw, out):
+    nb = raw.shape[0] // TYPE_SIZE
+    for b in range(nb):
+        blk = raw[b * TYPE_SIZE : (b + 1) * TYPE_SIZE]
+        o = out[b * QK_K : (b + 1) * QK_K]
         d = f16_at(blk, 0)
         dmin = f16_at(blk, 2)
         for j in range(8):
@@ -36,6 +35,18 @@ def dequantize_rows(raw, out):
             for l in range(32):
                 q = ((blk[q0 + l] >> shift) & 0x0F) | (((blk[16 + l] >> j) & 1) << 4)
                 o[j * 32 + l] = dl * np.float32(q) - ml
+
+
+# raw: [rows, nb*176] -> out: [rows, nb*256]
+@njit(parallel=True, cache=True)
+def dequantize_rows(raw, out):
+    each_row(dequantize_row, raw, out)
+
+
+# raw: [out, nb*176], x: [n, in] -> out: [n, out]
+@njit(parallel=True, cache=True, fastmath=True)
+def matmul_rows(raw, x, out):
+    row_tile_matmul(dequantize_row, raw, x, out)
 
 
 # raw: [out, nb*176] uint8, xq: [n, in] int8, xd: [n, nb] f32, xs: [n, in/16] int32 -> y: [n, out]
@@ -87,7 +98,8 @@ register(
         type_size=TYPE_SIZE,
         dequantize_rows=dequantize_rows,
         matmul_small=make_matmul_small(matmul_q8, QK_K, SUM_GROUP),
-        # crossover with the dequantize + BLAS path, measured (CPU time, 1 thread, 2048 x 2048)
-        small_n_max=4,
+        # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
+        small_n_max=1,
+        matmul_rows=matmul_rows,
     )
 )

@@ -6,6 +6,7 @@ from numba import njit, prange
 
 from .act_quant import quantize_act
 from .floatbits import load_half
+from .matmul import each_row, row_tile_matmul
 from .q4_0 import half_at
 from .registry import QuantType, register
 
@@ -13,19 +14,32 @@ BLOCK, TYPE_SIZE = 32, 34
 i32, f32 = np.int32, np.float32
 
 
+# raw: [nb * 34] (one row) -> out: [nb * 32]
+@njit(cache=True)
+def dequantize_row(raw, out):
+    nb = raw.shape[0] // TYPE_SIZE
+    # one row as [1, nb, block bytes]: the block helpers shared with the fused kernel index (r, b)
+    w3 = raw.reshape(1, nb, TYPE_SIZE)
+    q3 = raw.view(np.int8).reshape(1, nb, TYPE_SIZE)
+    o3 = out.reshape(1, nb, BLOCK)
+    bs = o3.shape[2]  # runtime count: a constant 32 gets fully unrolled and stays scalar
+    r = 0
+    for b in range(nb):
+        d = half_at(w3, r, b, 0)
+        for j in range(bs):
+            o3[r, b, j] = f32(q3[r, b, 2 + j]) * d
+
+
 # raw: [rows, nb * 34] -> out: [rows, nb * 32]
 @njit(parallel=True, cache=True)
 def dequantize_rows(raw, out):
-    rows, nb = raw.shape[0], raw.shape[1] // TYPE_SIZE
-    w3 = raw.reshape(rows, nb, TYPE_SIZE)
-    q3 = raw.view(np.int8).reshape(rows, nb, TYPE_SIZE)
-    o3 = out.reshape(rows, nb, BLOCK)
-    bs = o3.shape[2]  # runtime count: a constant 32 gets fully unrolled and stays scalar
-    for r in prange(rows):
-        for b in range(nb):
-            d = half_at(w3, r, b, 0)
-            for j in range(bs):
-                o3[r, b, j] = f32(q3[r, b, 2 + j]) * d
+    each_row(dequantize_row, raw, out)
+
+
+# raw: [out, nb * 34], x: [n, in] -> out: [n, out]
+@njit(parallel=True, cache=True, fastmath=True)
+def matmul_rows(raw, x, out):
+    row_tile_matmul(dequantize_row, raw, x, out)
 
 
 # raw/qs: the same bytes as uint8 (scales) and int8 (quants), [out, nb * 34];
@@ -85,8 +99,9 @@ UNIT = register(
         type_size=TYPE_SIZE,
         dequantize_rows=dequantize_rows,
         matmul_small=matmul_small,
-        # crossover with the dequantize + BLAS path (best wall time, 1 thread, 4096 wide)
-        small_n_max=4,
+        # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
+        small_n_max=2,
+        matmul_rows=matmul_rows,
         repack=repack,
     )
 )

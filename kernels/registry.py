@@ -21,10 +21,16 @@ Unit interface (what a unit module provides):
   Multi-threaded with prange (the caller has applied the `kernels.threads` knob); BLAS-backed
   work is split with `kernels.threads.run_split` (BLAS itself runs single-threaded).
   Integer-activation kernels quantize x with `kernels.act_quant.quantize_act(x, block, group)`.
-- `small_n_max`: largest n routed to `matmul_small` (matmul_small None: no fused kernel);
+- `small_n_max`: largest n routed to `matmul_small` (matmul_small None: no fused kernel).
+  Set it from measurement: the n where `matmul_rows` becomes faster.
+- `dequantize_row(raw, out)`: serial `@njit(cache=True)`, raw: uint8[row_bytes] (one row),
+  out: float32[cols] -> None, bit-exact like `dequantize_rows`. Units build `dequantize_rows` and
+  `matmul_rows` on it with `kernels.matmul.each_row` / `row_tile_matmul` (inlined into a
+  `@njit(parallel=True, cache=True)` function of their own, so Numba's disk cache keys it).
+- `matmul_rows(raw, x, out)`: mid-n matmul on the raw bytes (raw: uint8[out, row_bytes],
+  x: float32[n, in] (C), out: float32[n, out] (C) -> None), for small_n_max < n <= `rows_n_max`;
   larger n go to the generic path in `kernels/matmul.py` (dequantize cache-sized row tiles with
-  `dequantize_rows`, multiply with BLAS). Set it from measurement: the n where the tiled
-  path becomes faster (2-4 for the legacy and K types on a 2-core AVX2 EPYC).
+  `dequantize_rows`, multiply with BLAS).
 """
 
 from __future__ import annotations
@@ -69,6 +75,10 @@ class QuantType:
     matmul_small: Callable | None  # (packed tuple, x f32[n, in], out f32[n, out]) -> None
     repack: Callable = _identity_repack  # (raw u8[out, row_bytes]) -> packed tuple
     small_n_max: int = 16
+    matmul_rows: Callable | None = None  # (raw u8[out, row_bytes], x f32[n, in], out f32[n, out])
+    # Above this BLAS on dequantized tiles wins: measured n = 64-128 on SmolLM2's [1536, 576] and
+    # [576, 1536] weights, 32-64 on [1024, 4096] (CPU time, 1 thread, every quantized type).
+    rows_n_max: int = 64
 
     def __post_init__(self):
         if (self.block_size, self.type_size) != GGML_QUANT_SIZES[self.qtype]:

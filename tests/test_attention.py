@@ -149,3 +149,23 @@ def test_single_long_query_split_keys(window):
 def test_value_head_dim_differs():
     rng = np.random.default_rng(7)
     run_case(rng, 4, 2, 32, 16, False, True, 0, np.float32, lengths=[20, 9], split_at=[10, 8])
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32], ids=["f16", "f32"])
+@pytest.mark.parametrize("window", [0, 24])
+def test_many_decodes_with_a_prefill_chunk(dtype, window):
+    # The engine's step: 12 sequences decode one token each (one per item, rows written
+    # straight to the output) next to a 70-token prefill chunk that continues its sequence.
+    rng = np.random.default_rng(window + 3)
+    lengths = [int(x) for x in rng.integers(2, 60, 12)] + [110]
+    split_at = [n - 1 for n in lengths[:-1]] + [40]
+    run_case(rng, 9, 3, 64, 64, False, False, window, dtype, lengths, split_at)
+
+
+def test_decode_gqa_one_kv_head_long_window():
+    # gemma3's shape: head dim 256, one KV head, a window shorter than some sequences.
+    rng = np.random.default_rng(11)
+    run_case(
+        rng, 4, 1, 256, 256, True, True, 40, np.uint16,
+        lengths=[90, 30, 57, 41], split_at=[89, 29, 56, 40],
+    )  # fmt: skip

@@ -148,3 +148,36 @@ def test_act_quant_round_trip_and_sums(block, sum_group):
         assert sums.shape == (3, 0)
     with pytest.raises(ValueError):
         quantize_act(x[:, :-1].copy(), block, sum_group)
+
+
+def check_row_tile_matmul(data: np.ndarray, qtype, out_dim: int, in_dim: int, rng) -> None:
+    """The batched-decode kernel (`matmul_rows`) of a unit on `data` [out_dim, in_dim]: accurate
+    at every n of its range, and a row's bits independent of the other rows, of n and of the
+    thread count (what a continuous-batching engine relies on)."""
+    w = kernels.QuantWeight.from_raw(data, qtype, (out_dim, in_dim))
+    wf = gguf_dequantize(data, qtype).reshape(out_dim, in_dim).astype(np.float64)
+    x = rng.standard_normal((w.unit.rows_n_max, in_dim)).astype(np.float32)
+
+    def rows(xs):
+        out = np.full((xs.shape[0], out_dim), np.nan, np.float32)
+        w.unit.matmul_rows(w.raw, np.ascontiguousarray(xs), out)
+        return out
+
+    full = rows(x)
+    want = x.astype(np.float64) @ wf.T
+    err = float(((full - want) ** 2).sum() / (want**2).sum())
+    assert err <= 5e-4, f"{qtype.name} row tiles {out_dim}x{in_dim}: NMSE {err:.2e}"
+    for n in (1, 2, 5, 16, 33):
+        assert np.array_equal(rows(x[:n]), full[:n]), f"{qtype.name} n={n}"
+    assert np.array_equal(rows(x[7:12]), full[7:12])
+    # the engine's per-row path and the dispatch for every n the unit routes here
+    assert np.array_equal(kernels.matmul(x[:3], w, np.full(3, -1)), full[:3])
+    lo = w.unit.small_n_max + 1 if w.unit.matmul_small is not None else 1
+    for n in range(lo, w.unit.rows_n_max + 1, 5):
+        assert np.array_equal(kernels.matmul(x[:n], w), full[:n]), f"{qtype.name} n={n}"
+    before = kernels.get_threads()
+    try:
+        kernels.set_threads(1)
+        assert np.array_equal(rows(x), full)
+    finally:
+        kernels.set_threads(before)

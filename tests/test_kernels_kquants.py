@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
+from test_kernels_api import check_row_tile_matmul
 
 from edgeinfer import kernels
 from edgeinfer.gguf_reader import read_gguf
@@ -123,6 +124,16 @@ def test_matmul_accuracy(qtype, out_dim, in_dim):
         for path, got in (("dispatch", y), ("fused", small)):
             err = nmse(got, want)
             assert err <= 5e-4, f"{qtype.name} {path} n={n} {out_dim}x{in_dim}: NMSE {err:.2e}"
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_row_tile_matmul(qtype):
+    # 301 rows = 37 tiles of 8 + 5, and 6 rows: less than one tile of 4 x 2 blocks
+    rng = np.random.default_rng(int(qtype) + 17)
+    for out_dim in (301, 6):
+        check_row_tile_matmul(
+            random_blocks(qtype, out_dim * 512 // 256, rng), qtype, out_dim, 512, rng
+        )
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
+from test_kernels_api import check_row_tile_matmul
 
 from edgeinfer import kernels
 from edgeinfer.gguf_reader import read_gguf
@@ -146,6 +147,16 @@ def test_matmul_accuracy(qtype):
     rng = np.random.default_rng(int(qtype))
     check_matmul(qtype, 301, 1536, (1, 3, 7, 17, 33, 130), rng)
     check_matmul(qtype, 67, 4608, (1, 7), rng)
+
+
+@pytest.mark.parametrize("qtype", TYPES[1:], ids=lambda t: t.name)  # F32 needs no tiles
+def test_row_tile_matmul(qtype):
+    # 301 rows = 37 tiles of 8 + 5, and 6 rows: less than one tile of 4 x 2 blocks
+    rng = np.random.default_rng(int(qtype) + 17)
+    block, _ = GGML_QUANT_SIZES[qtype]
+    for out_dim in (301, 6):
+        data = random_blocks(qtype, out_dim * 576 // block, rng)
+        check_row_tile_matmul(data, qtype, out_dim, 576, rng)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)

@@ -6,7 +6,7 @@ import pytest
 from numba import njit
 
 from edgeinfer.kernels.activations import GELU_TANH, SILU, gated_act, softcap_, softmax
-from edgeinfer.kernels.attention import float_to_half
+from edgeinfer.kernels.attention import _widen, float_to_half
 from edgeinfer.kernels.norm import add_rms_norm, rms_norm
 from edgeinfer.kernels.rope import apply_rope, rope_inv_freq
 
@@ -18,14 +18,14 @@ def ref_rms_norm(x, w, eps):
     return (x64 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + eps) * w).astype(np.float32)
 
 
-@pytest.mark.parametrize("n", [1, 3, 40])  # serial and parallel paths
+@pytest.mark.parametrize("n", [1, 3, 70])  # serial and parallel paths
 def test_rms_norm(n):
     x = RNG.standard_normal((n, 96), dtype=np.float32) * 3
     w = RNG.standard_normal(96, dtype=np.float32)
     np.testing.assert_allclose(rms_norm(x, w, 1e-6), ref_rms_norm(x, w, 1e-6), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("n", [2, 33])
+@pytest.mark.parametrize("n", [2, 65])  # serial and parallel paths
 @pytest.mark.parametrize("post", [False, True])
 def test_add_rms_norm(n, post):
     x = RNG.standard_normal((n, 64), dtype=np.float32)
@@ -79,7 +79,7 @@ def ref_gelu_tanh(x):
     return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
 
 
-@pytest.mark.parametrize("n", [1, 20])
+@pytest.mark.parametrize("n", [1, 40])  # serial and parallel paths
 @pytest.mark.parametrize("kind", [SILU, GELU_TANH])
 def test_gated_act(n, kind):
     gu = RNG.standard_normal((n, 2 * 48), dtype=np.float32) * 4
@@ -125,3 +125,21 @@ def test_float_to_half_matches_numpy():
     nan = np.isnan(x)
     np.testing.assert_array_equal(got[~nan], want[~nan])
     assert np.isnan(got[nan].view(np.float16)).all()
+
+
+@njit(cache=True)
+def _widen_njit(src, dst):
+    _widen(src, dst)
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32], ids=["f16", "f32"])
+def test_widen_cache_block_is_exact(dtype):
+    # Every finite half (normal, subnormal, +-0) widens bit-exactly, as numpy's astype does.
+    bits = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    halves = bits[np.isfinite(bits.view(np.float16))]
+    halves = halves[: halves.size // 64 * 64].reshape(-1, 64)
+    src = halves if dtype == np.uint16 else halves.view(np.float16).astype(np.float32)
+    got = np.empty(src.shape, np.float32)
+    _widen_njit(src, got)
+    want = halves.view(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
