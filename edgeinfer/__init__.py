@@ -9,6 +9,9 @@ _LAZY = {
     "LLM": "edgeinfer.llm",
     "Completion": "edgeinfer.completion",
     "SamplingParams": "edgeinfer.sampling",
+    "AsyncEngine": "edgeinfer.async_engine",
+    "RequestOutput": "edgeinfer.async_engine",
+    "EngineStats": "edgeinfer.engine",
 }
 
 __all__ = ["EdgeInferError", "GGUFError", "ModelNotFoundError", "PullError", *_LAZY]

@@ -3,11 +3,20 @@
 No numpy here (the scheduler and tests use it alone). A sequence's block table lists its
 blocks in position order; position p lives in block table[p // block_size] at offset
 p % block_size, i.e. slot table[p // block_size] * block_size + p % block_size.
+
+Prefix caching: once a block is full and its K/V computed, it is keyed by a digest of (the
+previous block's key, its token ids), so a key names the whole prefix up to that block. A new
+sequence whose prompt starts with the same tokens takes those blocks by reference count instead
+of recomputing them. A block whose count drops to zero keeps its key and stays reusable until
+it is evicted, least recently used first, to make room. Keys are SHA-256 digests: prompts are
+untrusted, and a colliding key would hand one request another's K/V.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import hashlib
+from array import array
+from collections import OrderedDict
 
 from edgeinfer.errors import EdgeInferError
 
@@ -16,27 +25,101 @@ class KVCacheFullError(EdgeInferError):
     """Not enough free KV-cache blocks for the tokens asked for."""
 
 
+def block_key(parent: bytes, tokens: list[int]) -> bytes:
+    return hashlib.sha256(parent + array("q", tokens).tobytes()).digest()
+
+
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(
                 f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}"
             )
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.free_blocks: deque[int] = deque(range(num_blocks))
+        self.prefix_caching = prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.block_keys: list[bytes | None] = [None] * num_blocks
+        self.cached: dict[bytes, int] = {}  # key -> block holding that prefix's last block
+        # Unkeyed free blocks, used as a stack: reusing the most recently freed block keeps the
+        # pool's touched (committed) pages as few as the peak use.
+        self.free_blocks: list[int] = list(reversed(range(num_blocks)))
+        self.evictable: OrderedDict[int, None] = OrderedDict()  # keyed, unreferenced; LRU first
         self.tables: dict[int, list[int]] = {}
-        self.lengths: dict[int, int] = {}
+        self.lengths: dict[int, int] = {}  # tokens whose slots are handed out
+        self.keys: dict[int, list[bytes]] = {}  # keys of the sequence's full, computed blocks
+        self.num_queried_tokens = 0  # prompt tokens looked up in the prefix cache
+        self.num_hit_tokens = 0  # of those, found
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_blocks)
+        return len(self.free_blocks) + len(self.evictable)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
 
     def seq_len(self, seq_id: int) -> int:
         return self.lengths.get(seq_id, 0)
 
     def block_table(self, seq_id: int) -> list[int]:
         return self.tables.get(seq_id, [])
+
+    # -- admission ---------------------------------------------------------------------------
+
+    def _prefix_hits(self, token_ids: list[int]) -> tuple[list[bytes], list[int]]:
+        """Keys and blocks of the cached full blocks token_ids starts with. The last token is
+        never covered: its forward pass must run to give the logits of the next one."""
+        keys, blocks = [], []
+        if not self.prefix_caching:
+            return keys, blocks
+        bs, parent = self.block_size, b""
+        for start in range(0, len(token_ids) - bs, bs):
+            parent = block_key(parent, token_ids[start : start + bs])
+            block = self.cached.get(parent)
+            if block is None:
+                break
+            keys.append(parent)
+            blocks.append(block)
+        return keys, blocks
+
+    def blocks_to_allocate(self, token_ids: list[int]) -> int:
+        """Blocks `allocate(token_ids)` would take from the free pool: new ones, plus cached
+        prefix blocks that nobody references (they count as free until reused)."""
+        _, hits = self._prefix_hits(token_ids)
+        total = -(-len(token_ids) // self.block_size)
+        revived = sum(1 for b in hits if self.ref_counts[b] == 0)
+        return total - len(hits) + revived
+
+    def can_allocate(self, token_ids: list[int]) -> bool:
+        return self.blocks_to_allocate(token_ids) <= self.num_free_blocks
+
+    def allocate(self, seq_id: int, token_ids: list[int]) -> int:
+        """Give a new sequence blocks for all of token_ids, reusing cached prefix blocks
+        -> the number of leading tokens whose K/V are already there (the sequence's length)."""
+        if seq_id in self.tables:
+            raise ValueError(f"sequence {seq_id} already has blocks")
+        need = self.blocks_to_allocate(token_ids)
+        if need > self.num_free_blocks:
+            raise KVCacheFullError(
+                f"KV cache full: sequence {seq_id} needs {need} blocks of "
+                f"{self.block_size} tokens, {self.num_free_blocks} free"
+            )
+        keys, hits = self._prefix_hits(token_ids)
+        for block in hits:
+            if self.ref_counts[block] == 0:
+                del self.evictable[block]
+            self.ref_counts[block] += 1
+        total = -(-len(token_ids) // self.block_size)
+        self.tables[seq_id] = hits + [self._take_block() for _ in range(total - len(hits))]
+        self.keys[seq_id] = keys
+        cached = len(hits) * self.block_size
+        self.lengths[seq_id] = cached
+        self.num_queried_tokens += len(token_ids)
+        self.num_hit_tokens += cached
+        return cached
+
+    # -- growth ------------------------------------------------------------------------------
 
     def blocks_needed(self, seq_id: int, n_tokens: int) -> int:
         """New blocks seq_id needs to grow by n_tokens."""
@@ -45,25 +128,59 @@ class BlockManager:
         return max(0, need - have)
 
     def can_append(self, seq_id: int, n_tokens: int) -> bool:
-        return self.blocks_needed(seq_id, n_tokens) <= len(self.free_blocks)
+        return self.blocks_needed(seq_id, n_tokens) <= self.num_free_blocks
 
     def append(self, seq_id: int, n_tokens: int) -> list[int]:
         """Grow seq_id by n_tokens (allocating blocks) -> the slot of each new token."""
         need = self.blocks_needed(seq_id, n_tokens)
-        if need > len(self.free_blocks):
+        if need > self.num_free_blocks:
             raise KVCacheFullError(
                 f"KV cache full: sequence {seq_id} needs {need} more blocks of "
-                f"{self.block_size} tokens, {len(self.free_blocks)} free"
+                f"{self.block_size} tokens, {self.num_free_blocks} free"
             )
         table = self.tables.setdefault(seq_id, [])
-        for _ in range(need):
-            table.append(self.free_blocks.popleft())
+        self.keys.setdefault(seq_id, [])
+        table.extend(self._take_block() for _ in range(need))
         start = self.lengths.get(seq_id, 0)
         self.lengths[seq_id] = start + n_tokens
         bs = self.block_size
         return [table[p // bs] * bs + p % bs for p in range(start, start + n_tokens)]
 
+    def commit(self, seq_id: int, token_ids: list[int]) -> None:
+        """Key the blocks that filled up since the last call; token_ids covers at least the
+        sequence's length (its K/V must already be written)."""
+        if not self.prefix_caching:
+            return
+        keys, table, bs = self.keys[seq_id], self.tables[seq_id], self.block_size
+        parent = keys[-1] if keys else b""
+        for i in range(len(keys), self.lengths[seq_id] // bs):
+            parent = block_key(parent, token_ids[i * bs : (i + 1) * bs])
+            keys.append(parent)
+            block = table[i]
+            # Another sequence may have computed the same prefix first: keep its block.
+            if self.block_keys[block] is None and parent not in self.cached:
+                self.block_keys[block] = parent
+                self.cached[parent] = block
+
     def free(self, seq_id: int) -> None:
-        """Return all of seq_id's blocks to the pool (unknown ids are a no-op)."""
-        self.free_blocks.extend(self.tables.pop(seq_id, ()))
+        """Drop seq_id's references (unknown ids are a no-op). Last blocks first, so that a
+        prefix outlives its continuations in the LRU order."""
+        for block in reversed(self.tables.pop(seq_id, ())):
+            self.ref_counts[block] -= 1
+            if self.ref_counts[block] == 0:
+                if self.block_keys[block] is None:
+                    self.free_blocks.append(block)
+                else:
+                    self.evictable[block] = None
         self.lengths.pop(seq_id, None)
+        self.keys.pop(seq_id, None)
+
+    def _take_block(self) -> int:
+        if self.free_blocks:
+            block = self.free_blocks.pop()
+        else:
+            block, _ = self.evictable.popitem(last=False)
+            del self.cached[self.block_keys[block]]
+            self.block_keys[block] = None
+        self.ref_counts[block] = 1
+        return block

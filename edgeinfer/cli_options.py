@@ -18,14 +18,34 @@ TopK = Annotated[int, typer.Option("--top-k", help="0 = disabled.")]
 TopP = Annotated[float, typer.Option("--top-p", help="1 = disabled.")]
 MinP = Annotated[float, typer.Option("--min-p", help="0 = disabled.")]
 Seed = Annotated[int | None, typer.Option("--seed", help="Fixed seed: same output.")]
+Parallel = Annotated[
+    int, typer.Option("--parallel", help="KV cache for this many sequences of --ctx tokens.")
+]
+KVBudget = Annotated[
+    str | None,
+    typer.Option("--kv-budget", help="KV cache size instead of ctx x parallel, e.g. 512M, 2G."),
+]
 
 
-def check_counts(max_tokens: int, threads: int | None, ctx: int | None) -> int | None:
+def kv_budget_bytes(text: str | None) -> int | None:
+    from edgeinfer.units import parse_bytes
+
+    if text is None:
+        return None
+    try:
+        return parse_bytes(text)
+    except ValueError as e:
+        raise EdgeInferError(f"--kv-budget: {e}") from None
+
+
+def check_counts(
+    max_tokens: int, threads: int | None, ctx: int | None, parallel: int = 1
+) -> int | None:
     """Validate the count flags before anything loads -> max_tokens as SamplingParams wants it
     (-1, "no limit", becomes None)."""
     if max_tokens == 0 or max_tokens < -1:
         raise EdgeInferError(f"-n/--max-tokens must be >= 1 or -1 (got {max_tokens})")
-    for flag, value in (("--threads", threads), ("--ctx", ctx)):
+    for flag, value in (("--threads", threads), ("--ctx", ctx), ("--parallel", parallel)):
         if value is not None and value < 1:
             raise EdgeInferError(f"{flag} must be >= 1 (got {value})")
     return None if max_tokens == -1 else max_tokens

@@ -10,14 +10,17 @@ import typer
 
 from edgeinfer.cli_options import (
     Ctx,
+    KVBudget,
     MinP,
     ModelArg,
+    Parallel,
     Seed,
     Temp,
     Threads,
     TopK,
     TopP,
     check_counts,
+    kv_budget_bytes,
 )
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.hub import DEFAULT_MODEL
@@ -48,6 +51,8 @@ def run(
     ] = False,
     threads: Threads = None,
     ctx: Ctx = None,
+    parallel: Parallel = 1,
+    kv_budget: KVBudget = None,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (text + metrics) instead.")
     ] = False,
@@ -58,7 +63,8 @@ def run(
 
     if prompt is None:
         raise EdgeInferError("no prompt: pass one with -p/--prompt")
-    limit = check_counts(max_tokens, threads, ctx)
+    limit = check_counts(max_tokens, threads, ctx, parallel)
+    budget = kv_budget_bytes(kv_budget)
     params = SamplingParams(
         temperature=temp,
         top_k=top_k,
@@ -70,13 +76,14 @@ def run(
         max_tokens=limit,
         ignore_eos=ignore_eos,
     )
-    llm = LLM(model, threads=threads, ctx=ctx)
+    llm = LLM(model, threads=threads, ctx=ctx, parallel=parallel, kv_budget=budget)
     if chat and llm.chat_template is None:
         print("note: the model has no chat template; running a plain completion", file=sys.stderr)
     if chat:
         stream = llm.stream_chat([{"role": "user", "content": prompt}], params)
     else:
         stream = llm.stream(prompt, params)
+    print(llm.kv_report(), file=sys.stderr)  # once the request is accepted: errors stay one line
     if json_out:
         for _ in stream:
             pass

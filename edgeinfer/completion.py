@@ -19,6 +19,7 @@ class Metrics:
     """
 
     prompt_tokens: int
+    cached_tokens: int  # of the prompt tokens, those reused from the prefix cache
     generated_tokens: int
     ttft_s: float
     prefill_s: float
@@ -33,6 +34,7 @@ class Metrics:
         steps = seq.num_output_tokens - 1
         return cls(
             prompt_tokens=seq.num_prompt_tokens,
+            cached_tokens=seq.num_cached_tokens,
             generated_tokens=seq.num_output_tokens,
             ttft_s=seq.t_first_token - seq.t_arrival,
             prefill_s=prefill_s,

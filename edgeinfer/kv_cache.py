@@ -28,6 +28,7 @@ class KVCache:
         num_blocks: int,
         block_size: int = BLOCK_SIZE,
         dtype: str = "f16",
+        prefix_caching: bool = True,
     ):
         if dtype not in KV_DTYPES:
             raise ValueError(f"kv dtype must be one of {', '.join(KV_DTYPES)}, got {dtype!r}")
@@ -40,11 +41,11 @@ class KVCache:
         # Per-layer views built once: the forward pass indexes lists, not 5-D arrays.
         self.k = list(self.k_pool)
         self.v = list(self.v_pool)
-        self.blocks = BlockManager(num_blocks, block_size)
+        self.blocks = BlockManager(num_blocks, block_size, prefix_caching)
 
     @classmethod
     def for_model(
-        cls, config: ModelConfig, num_blocks: int, dtype: str = "f16", block_size: int = BLOCK_SIZE
+        cls, config: ModelConfig, num_blocks: int, dtype: str = "f16", prefix_caching: bool = True
     ) -> KVCache:
         return cls(
             config.n_layers,
@@ -52,8 +53,9 @@ class KVCache:
             config.head_dim,
             config.v_head_dim,
             num_blocks,
-            block_size,
+            BLOCK_SIZE,
             dtype,
+            prefix_caching,
         )
 
     @property

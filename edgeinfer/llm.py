@@ -1,20 +1,24 @@
 """The Python API: `LLM(model).generate(prompts, SamplingParams(...))`, named after vLLM's.
 
-Requests run one after another for now; each is a `Sequence` driven by `_run`, the only
-place that calls the model, so a batching engine can take its place without changing the API.
+Every request is a `Sequence` run by the continuous-batching `Engine`: `generate` and `chat`
+with several prompts run them concurrently, and streams advance the engine from the thread
+that iterates them (several streams may be open at once; each step serves all of them).
 """
 
 from __future__ import annotations
 
 import itertools
+import time
+from collections import deque
 from collections.abc import Iterator
 from collections.abc import Sequence as Seq
-from time import perf_counter
 
 import numpy as np
 
 from edgeinfer.completion import Completion, Metrics
+from edgeinfer.engine import Engine, EngineStats
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.memory_plan import PREFILL_CHUNK
 from edgeinfer.sampling import SamplingParams
 from edgeinfer.sequence import Sequence
 
@@ -71,17 +75,49 @@ class Stream:
 
 
 class LLM:
-    """A loaded model. `model` is a GGUF path or a short name (`edgeinfer pull` lists them)."""
+    """A loaded model. `model` is a GGUF path or a short name (`edgeinfer pull` lists them).
+
+    KV cache: `parallel` sequences of `ctx` tokens, or `kv_budget` bytes of 16-token blocks;
+    any mix of requests shares it. Up to `max_num_seqs` requests run per step, with at most
+    `max_num_batched_tokens` tokens in one forward pass; with nothing running, a partial batch
+    waits up to `max_wait_ms` for more requests; `prefix_caching` reuses the K/V of a prompt's
+    leading blocks when an earlier request had the same tokens. `batch_invariant` makes every
+    request's tokens the same as running it alone, bit for bit (vLLM's batch-invariant mode),
+    at the price of a slower single-sequence decode.
+    """
 
     def __init__(
-        self, model: str, threads: int | None = None, ctx: int | None = None, kv_dtype: str = "f16"
+        self,
+        model: str,
+        threads: int | None = None,
+        ctx: int | None = None,
+        kv_dtype: str = "f16",
+        parallel: int = 4,
+        kv_budget: int | None = None,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = PREFILL_CHUNK,
+        prefix_caching: bool = True,
+        max_wait_ms: float = 0.0,
+        batch_invariant: bool = False,
     ):
         from edgeinfer.runner import ModelRunner
 
-        self._runner = ModelRunner(model, threads=threads, ctx=ctx, kv_dtype=kv_dtype, max_seqs=1)
+        self._runner = ModelRunner(
+            model,
+            threads=threads,
+            ctx=ctx,
+            kv_dtype=kv_dtype,
+            parallel=parallel,
+            kv_budget=kv_budget,
+            prefix_caching=prefix_caching,
+        )
+        self.engine = Engine(
+            self._runner, max_num_seqs, max_num_batched_tokens, max_wait_ms, batch_invariant
+        )
         self.config = self._runner.config
         self.tokenizer = self._runner.tokenizer
         self._seq_ids = itertools.count()
+        self._pending: dict[int, deque[str]] = {}  # text not yet read from each open stream
 
     @property
     def chat_template(self):
@@ -106,7 +142,14 @@ class LLM:
     def kv_usage(self) -> tuple[int, int]:
         """(used, total) blocks of the paged KV cache."""
         blocks = self._runner.kv.blocks
-        return blocks.num_blocks - blocks.num_free_blocks, blocks.num_blocks
+        return blocks.num_used_blocks, blocks.num_blocks
+
+    def kv_report(self) -> str:
+        """The KV cache's size and where it came from, in one line."""
+        return self._runner.kv_report()
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
 
     def logits(self, token_ids: Seq[int]) -> np.ndarray:
         """Logits after every position: # token_ids: [n] -> [n, vocab] float32 (for evaluation)."""
@@ -122,34 +165,30 @@ class LLM:
         prompts: Prompt | Seq[Prompt],
         params: SamplingParams | Seq[SamplingParams] | None = None,
     ) -> list[Completion]:
-        """Complete each prompt (text or token ids); one Completion per prompt, in order."""
+        """Complete each prompt (text or token ids), all concurrently; one Completion per
+        prompt, in order."""
         if isinstance(prompts, str) or (len(prompts) and _is_token(prompts[0])):
             prompts = [prompts]
-        seqs = self._sequences([self._encode(p) for p in prompts], params, prompts)
-        for seq in seqs:
-            for _ in self._run(seq):
-                pass
-        return [Completion.from_sequence(seq) for seq in seqs]
+        return self._complete(self._sequences([self._encode(p) for p in prompts], params, prompts))
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Stream:
         """Text deltas of one completion as they are produced (stop strings never leak)."""
         (seq,) = self._sequences([self._encode(prompt)], params, [prompt])
-        return Stream(seq, self._run(seq))
+        return self._open_stream(seq)
 
     def chat(
         self, messages: Messages | Seq[Messages], params: SamplingParams | None = None
     ) -> list[Completion]:
-        """Reply to one conversation or to each of a list of them, using the model's template."""
+        """Reply to one conversation or to each of a list of them (concurrently), using the
+        model's template."""
         convs = [messages] if not messages or isinstance(messages[0], dict) else list(messages)
-        seqs = self._sequences([self.chat_token_ids(c) for c in convs], params, None)
-        for seq in seqs:
-            for _ in self._run(seq):
-                pass
-        return [Completion.from_sequence(seq) for seq in seqs]
+        return self._complete(
+            self._sequences([self.chat_token_ids(c) for c in convs], params, None)
+        )
 
     def stream_chat(self, messages: Messages, params: SamplingParams | None = None) -> Stream:
         (seq,) = self._sequences([self.chat_token_ids(messages)], params, None)
-        return Stream(seq, self._run(seq))
+        return self._open_stream(seq)
 
     def chat_token_ids(self, messages: Messages) -> list[int]:
         """The prompt a conversation becomes.
@@ -209,30 +248,52 @@ class LLM:
                     " least one generated token): shorten the prompt or raise the context (--ctx)"
                 )
         texts = [p if isinstance(p, str) else None for p in prompts or [None] * len(prompt_ids)]
-        return [
+        seqs = [
             Sequence(next(self._seq_ids), ids, p, self.tokenizer, ctx, prompt=text)
             for ids, p, text in zip(prompt_ids, params, texts, strict=True)
         ]
+        for seq in seqs:
+            self.engine.check(seq)
+        return seqs
 
-    def _run(self, seq: Sequence) -> Iterator[str]:
-        """Prefill, then decode one token at a time, yielding text as it becomes safe to show."""
-        runner = self._runner
+    def _complete(self, seqs: list[Sequence]) -> list[Completion]:
         try:
-            seq.t_scheduled = perf_counter()
-            new_ids = seq.prompt_token_ids
-            # checked before every forward step, not after a delta: a reply can run many steps
-            # without any text to show (a held-back stop string, an unfinished character)
-            while not seq.aborted:
-                logits = runner.forward_last(seq.seq_id, new_ids)
-                delta = seq.append(seq.sample(logits))
-                if delta:
-                    yield delta
-                if seq.finished:
+            for seq in seqs:
+                self.engine.add(seq)
+            while not all(seq.finished for seq in seqs):
+                self._step()
+        finally:  # interrupted (KeyboardInterrupt, an error): nothing stays in the engine
+            for seq in seqs:
+                if not seq.finished:
+                    self.engine.abort(seq)
+        return [Completion.from_sequence(seq) for seq in seqs]
+
+    def _open_stream(self, seq: Sequence) -> Stream:
+        self.engine.add(seq)
+        self._pending[seq.seq_id] = deque()
+        return Stream(seq, self._deltas(seq))
+
+    def _deltas(self, seq: Sequence) -> Iterator[str]:
+        pending = self._pending[seq.seq_id]
+        try:
+            while True:
+                if pending:
+                    yield pending.popleft()
+                elif seq.finished:
                     return
-                new_ids = [seq.last_token]
-            seq.finish_reason = "abort"
-        finally:
-            runner.free(seq.seq_id)
+                else:
+                    self._step()
+        finally:  # closed early (or dropped): free the request now
+            del self._pending[seq.seq_id]
+            if not seq.finished:
+                self.engine.abort(seq)
+
+    def _step(self) -> None:
+        for seq, delta in self.engine.step():
+            if delta and seq.seq_id in self._pending:
+                self._pending[seq.seq_id].append(delta)
+        if self.engine.wait_s:
+            time.sleep(self.engine.wait_s)
 
 
 def _is_token(x) -> bool:

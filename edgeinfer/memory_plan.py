@@ -75,6 +75,20 @@ def kv_layer_bytes_per_token(cfg: ModelConfig, kv_dtype: str) -> int:
     return cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim) * np.dtype(KV_DTYPES[kv_dtype]).itemsize
 
 
+def kv_block_bytes(cfg: ModelConfig, kv_dtype: str) -> int:
+    """One block of the paged cache: BLOCK_SIZE tokens on every layer."""
+    return cfg.n_layers * kv_layer_bytes_per_token(cfg, kv_dtype) * BLOCK_SIZE
+
+
+def kv_num_blocks(
+    cfg: ModelConfig, ctx: int, parallel: int, kv_dtype: str, kv_budget: int | None = None
+) -> int:
+    """Blocks in the paged cache: kv_budget bytes' worth if given, else ctx x parallel."""
+    if kv_budget is not None:
+        return kv_budget // kv_block_bytes(cfg, kv_dtype)
+    return _blocks(ctx) * parallel
+
+
 def n_sliding_layers(cfg: ModelConfig) -> int:
     return sum(cfg.is_sliding(i) for i in range(cfg.n_layers))
 

@@ -7,7 +7,6 @@ changes: a bad token id or a request past the context raises and leaves the cach
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
@@ -19,10 +18,18 @@ from edgeinfer import kernels
 from edgeinfer.block_manager import KVCacheFullError
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.gguf_reader import read_gguf
+from edgeinfer.kernels.matmul import BLAS_ROW_BLOCK
 from edgeinfer.kv_cache import BLOCK_SIZE, KV_DTYPES, KVCache
-from edgeinfer.memory_plan import DEFAULT_CTX, PREFILL_CHUNK, kv_bytes
+from edgeinfer.memory_plan import (
+    DEFAULT_CTX,
+    PREFILL_CHUNK,
+    kv_block_bytes,
+    kv_num_blocks,
+    weights_bytes,
+)
 from edgeinfer.model_config import ModelConfig
 from edgeinfer.models import Batch, load_model
+from edgeinfer.units import human_bytes
 
 
 class ContextLengthError(EdgeInferError):
@@ -36,8 +43,10 @@ class TokenIdError(EdgeInferError):
 class ModelRunner:
     """forward(seq_id, token_ids) appends tokens to a sequence's KV cache and returns logits.
 
-    ctx: the longest sequence (default: the model's context length, at most DEFAULT_CTX);
-    the KV cache holds max_seqs sequences of ctx tokens; kv_dtype: "f16" (default) or "f32".
+    ctx: the longest sequence (default: the model's context length, at most DEFAULT_CTX).
+    The KV cache holds `kv_budget` bytes' worth of 16-token blocks if given, else `parallel`
+    sequences of ctx tokens; either way it must fit the RAM available besides the weights.
+    kv_dtype: "f16" (default) or "f32".
     """
 
     def __init__(
@@ -46,7 +55,9 @@ class ModelRunner:
         threads: int | None = None,
         ctx: int | None = None,
         kv_dtype: str = "f16",
-        max_seqs: int = 1,
+        parallel: int = 1,
+        kv_budget: int | None = None,
+        prefix_caching: bool = True,
     ):
         from edgeinfer.hub import resolve_model
 
@@ -56,29 +67,51 @@ class ModelRunner:
             )
         if ctx is not None and ctx < 1:
             raise EdgeInferError(f"context length must be at least 1, got {ctx}")
-        if max_seqs < 1:
-            raise EdgeInferError(f"max_seqs must be at least 1, got {max_seqs}")
+        if parallel < 1:
+            raise EdgeInferError(f"parallel must be at least 1, got {parallel}")
         self.path = resolve_model(str(path_or_name))
         self.threads = kernels.set_threads(threads)
         self.gguf = read_gguf(self.path)
         self.config = ModelConfig.from_gguf(self.gguf)
         self.model = load_model(self.gguf, self.config)
         self._max_context = ctx if ctx is not None else min(self.config.ctx_len, DEFAULT_CTX)
-        self._check_kv_budget(max_seqs, kv_dtype)
-        blocks_per_seq = math.ceil(self._max_context / BLOCK_SIZE)
-        self.kv = KVCache.for_model(self.config, max_seqs * blocks_per_seq, kv_dtype)
+        num_blocks = kv_num_blocks(self.config, self._max_context, parallel, kv_dtype, kv_budget)
+        self._check_kv_budget(num_blocks, kv_dtype, kv_budget)
+        self.kv = KVCache.for_model(self.config, num_blocks, kv_dtype, prefix_caching)
+        self.kv_source = (
+            f"--kv-budget {human_bytes(kv_budget)}"
+            if kv_budget is not None
+            else f"ctx {self._max_context} x parallel {parallel}"
+        )
 
-    def _check_kv_budget(self, max_seqs: int, kv_dtype: str) -> None:
-        """Refuse a KV cache larger than the RAM available now, before allocating it (np.zeros
-        would succeed lazily and the process would be killed later, mid-reply)."""
-        need = kv_bytes(self.config, self._max_context, max_seqs, kv_dtype)
-        available = psutil.virtual_memory().available
+    def _check_kv_budget(self, num_blocks: int, kv_dtype: str, kv_budget: int | None) -> None:
+        """Refuse a KV cache that does not fit the RAM available now besides the weights, before
+        allocating it (np.zeros would succeed lazily and the process would be killed later,
+        mid-reply), or one too small for a single block."""
+        if num_blocks < 1:
+            raise EdgeInferError(
+                f"a KV budget of {human_bytes(kv_budget)} is less than one "
+                f"{BLOCK_SIZE}-token block ({human_bytes(kv_block_bytes(self.config, kv_dtype))})"
+            )
+        need = num_blocks * kv_block_bytes(self.config, kv_dtype)
+        # mapped weights are not resident yet; they will be once the first pass reads them
+        available = psutil.virtual_memory().available - weights_bytes(self.gguf)
         if need > available:
             raise EdgeInferError(
-                f"a {kv_dtype} KV cache for {max_seqs} x {self._max_context} tokens needs "
-                f"{need / 2**30:.1f} GiB but {available / 2**30:.1f} GiB of RAM is available; "
-                "use a smaller --ctx (`edgeinfer info MODEL` shows the largest that fits)"
+                f"a {kv_dtype} KV cache of {num_blocks * BLOCK_SIZE} tokens needs "
+                f"{human_bytes(need)} but {human_bytes(max(0, available))} of RAM is available "
+                "besides the weights; use a smaller --ctx, --parallel or --kv-budget "
+                "(`edgeinfer info MODEL` shows the largest context that fits)"
             )
+
+    def kv_report(self) -> str:
+        """One line for the start of a run: the cache's size and where it came from."""
+        kv = self.kv
+        return (
+            f"KV cache: {kv.num_blocks} blocks x {kv.block_size} tokens = "
+            f"{kv.num_blocks * kv.block_size} tokens, {human_bytes(kv.nbytes)} {kv.dtype} "
+            f"({self.kv_source})"
+        )
 
     @cached_property
     def tokenizer(self):
@@ -123,6 +156,41 @@ class ModelRunner:
     ) -> list[np.ndarray]:
         """Several sequences in one pass (each seq_id once): [(seq_id, token_ids), ...] ->
         per request float32[n_i, vocab] (all_logits) or float32[1, vocab] (last position)."""
+        return self._run(self._check_batch(requests), all_logits)
+
+    def execute(
+        self, work: Sequence[tuple[int, Sequence[int], bool, int]], batch_invariant: bool = True
+    ) -> list[np.ndarray | None]:
+        """One engine step, one forward pass: [(seq_id, token_ids, wants_logits, blas_rows), ...]
+        (each seq_id once; the first blas_rows of an entry's tokens take the dequantize + BLAS
+        matmul path) -> per entry float32[vocab], the logits after its last token, or None (a
+        prompt chunk that does not end the prompt needs no logits and gets no head pass).
+
+        batch_invariant: every other row takes the row-by-row kernels, so a sequence gets the
+        same bits whatever it is batched with. Otherwise a step without BLAS rows (decode)
+        takes the fastest kernel for its size (at one row, the int8 fused kernel)."""
+        checked = self._check_batch([(s, ids) for s, ids, _, _ in work])
+        wanted = [w for _, _, w, _ in work]
+        layout = None
+        if batch_invariant or any(b for *_, b in work):
+            layout = self._blas_layout([(s, len(ids), b) for s, ids, _, b in work])
+        rows = iter(self._run(checked, all_logits=False, wanted=wanted, blas_layout=layout))
+        return [next(rows)[0] if w else None for w in wanted]
+
+    def _blas_layout(self, entries: list[tuple[int, int, int]]) -> np.ndarray:
+        """[(seq_id, tokens, blas_rows)] -> int64[total tokens]: each BLAS row's place in the
+        padded BLAS input, chosen so that a token at position p sits at p mod BLAS_ROW_BLOCK,
+        as it would in any other batch; -1 for rows of the fused kernels."""
+        layout, end = [], 0
+        for seq_id, n, b in entries:
+            p = self.seq_len(seq_id)
+            start = end + (p - end) % BLAS_ROW_BLOCK
+            layout.append(np.arange(start, start + b))
+            layout.append(np.full(n - b, -1))
+            end = start + b if b else end
+        return np.concatenate(layout).astype(np.int64)
+
+    def _check_batch(self, requests) -> list[tuple[int, np.ndarray]]:
         seen = set()
         checked = []
         for seq_id, token_ids in requests:
@@ -130,7 +198,7 @@ class ModelRunner:
                 raise EdgeInferError(f"sequence {seq_id} appears twice in one batch")
             seen.add(seq_id)
             checked.append((seq_id, self._check(seq_id, token_ids)))
-        return self._run(checked, all_logits)
+        return checked
 
     def _check(self, seq_id: int, token_ids: Sequence[int]) -> np.ndarray:
         ids = np.asarray(token_ids)
@@ -150,7 +218,15 @@ class ModelRunner:
             )
         return ids.astype(np.int32)
 
-    def _run(self, requests: list[tuple[int, np.ndarray]], all_logits: bool) -> list[np.ndarray]:
+    def _run(
+        self,
+        requests: list[tuple[int, np.ndarray]],
+        all_logits: bool,
+        wanted: list[bool] | None = None,
+        blas_layout: np.ndarray | None = None,
+    ) -> list[np.ndarray]:
+        """-> logits per request: all positions, or the last position of every (wanted)
+        request."""
         blocks = self.kv.blocks
         need = sum(blocks.blocks_needed(s, ids.size) for s, ids in requests)
         if need > blocks.num_free_blocks:
@@ -162,6 +238,7 @@ class ModelRunner:
         starts = [blocks.seq_len(s) for s, _ in requests]
         slots = [blocks.append(s, ids.size) for s, ids in requests]
         ends = np.cumsum(sizes)
+        last_rows = ends - 1 if wanted is None else (ends - 1)[np.asarray(wanted, bool)]
         batch = Batch(
             token_ids=np.concatenate([ids for _, ids in requests]),
             positions=np.concatenate(
@@ -170,9 +247,10 @@ class ModelRunner:
             seq_rows=np.repeat(np.arange(len(requests), dtype=np.int32), sizes),
             slots=np.array([x for s in slots for x in s], np.int64),
             block_tables=self.kv.block_tables([s for s, _ in requests]),
-            logit_rows=None if all_logits else (ends - 1).astype(np.int64),
+            logit_rows=None if all_logits else last_rows.astype(np.int64),
+            blas_layout=blas_layout,
         )
         logits = self.model.forward(batch, self.kv.k, self.kv.v)
         if all_logits:
             return np.split(logits, ends[:-1])
-        return [logits[i : i + 1] for i in range(len(requests))]
+        return [logits[i : i + 1] for i in range(logits.shape[0])]

@@ -1,8 +1,8 @@
 """One request's state: its tokens, sampler, streamed text, stop state and timings.
 
-Whoever runs the model (the serial loop in `LLM`, later the batching engine) drives every
-request the same way: `token = seq.sample(logits)`, `delta = seq.append(token)`, until
-`seq.finished`; the KV cache is addressed by `seq.seq_id`.
+The engine drives every request the same way: it computes the K/V of `token_ids` past
+`num_computed` (in one or several steps), then `token = seq.sample(logits)`,
+`delta = seq.append(token)`, until `seq.finished`; the KV cache is addressed by `seq.seq_id`.
 """
 
 from __future__ import annotations
@@ -23,13 +23,20 @@ class Sequence:
         tokenizer,
         max_context: int,
         prompt: str | None = None,
+        priority: int = 0,
+        request_id: str | None = None,
     ):
         self.seq_id = seq_id
+        self.arrival = seq_id  # ids are handed out in arrival order
+        self.priority = priority
+        self.request_id = request_id if request_id is not None else str(seq_id)
         self.prompt = prompt
         self.params = params
         self.max_context = max_context
         self.token_ids = list(prompt_token_ids)  # prompt + output: the penalties' history
         self.num_prompt_tokens = len(self.token_ids)
+        self.num_computed = 0  # leading token_ids whose K/V are in the cache (set by the engine)
+        self.num_cached_tokens = 0  # prompt tokens reused from the prefix cache at admission
         self.text = ""
         self.finish_reason: str | None = None  # 'stop' | 'length' | 'abort' (cancelled)
         # Set by another thread (Stream.cancel) and read by the loop before each forward step;
@@ -42,7 +49,7 @@ class Sequence:
         self._end_ids = eos | frozenset(params.stop_token_ids)
         self._shown = 0  # len of self.text already handed out as deltas
         self.t_arrival = perf_counter()
-        self.t_scheduled: float | None = None  # set by the runner loop when prefill starts
+        self.t_scheduled: float | None = None  # set by the engine when its prefill starts
         self.t_first_token: float | None = None
         self.t_last_token: float | None = None
 

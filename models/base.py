@@ -36,7 +36,9 @@ class Batch:
     token_ids, positions: int32[n]; seq_rows: int32[n], each token's row of block_tables;
     slots: int64[n], where each token's K/V go (block * block_size + offset);
     block_tables: int32[n_seqs, max_blocks]; logit_rows: int64[m], the tokens whose logits are
-    wanted (None: all n).
+    wanted (None: all n); blas_layout: int64[n], where each token's row goes in the BLAS path's
+    input, -1 for the fused kernels (None: the path is chosen by the batch size), see
+    kernels.matmul.
     """
 
     token_ids: np.ndarray
@@ -45,6 +47,7 @@ class Batch:
     slots: np.ndarray
     block_tables: np.ndarray
     logit_rows: np.ndarray | None = None
+    blas_layout: np.ndarray | None = None
 
 
 class Linear:
@@ -55,11 +58,11 @@ class Linear:
         self.bias = bias
         self.shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def __call__(self, x: np.ndarray, blas_layout: np.ndarray | None = None) -> np.ndarray:
         if len(self.parts) == 1:
-            y = kernels.matmul(x, self.parts[0])
+            y = kernels.matmul(x, self.parts[0], blas_layout)
         else:
-            y = np.concatenate([kernels.matmul(x, p) for p in self.parts], axis=1)
+            y = np.concatenate([kernels.matmul(x, p, blas_layout) for p in self.parts], axis=1)
         if self.bias is not None:
             y += self.bias
         return y
@@ -222,9 +225,10 @@ class DecoderModel:
             x *= np.float32(scale)
         h = rms_norm(x, self.layers[0].attn_norm, eps)
         last = len(self.layers) - 1
+        blas = batch.blas_layout
         for i, L in enumerate(self.layers):
             attn = self_attention(
-                L.qkv(h),
+                L.qkv(h, blas),
                 L.q_norm,
                 L.k_norm,
                 eps,
@@ -240,15 +244,17 @@ class DecoderModel:
                 batch.slots,
                 c.n_heads,
             )
-            o = L.wo(attn)
+            o = L.wo(attn, blas)
             if i == last and batch.logit_rows is not None:
                 # Only the rows whose logits are wanted need the last FFN and the head.
                 x, o = x[batch.logit_rows], o[batch.logit_rows]
+                # one row per sequence: the fused kernels, which need no layout to be exact
+                blas = None if blas is None else np.full(len(x), -1, np.int64)
             h = add_rms_norm(x, o, L.post_attn_norm, L.ffn_norm, eps)
-            f = L.down(gated_act(L.gate_up(h), self.activation))
+            f = L.down(gated_act(L.gate_up(h, blas), self.activation), blas)
             next_norm = self.output_norm if i == last else self.layers[i + 1].attn_norm
             h = add_rms_norm(x, f, L.post_ffn_norm, next_norm, eps)
-        logits = self.output(h)
+        logits = self.output(h, blas)
         if c.final_logit_softcap:
             softcap_(logits, c.final_logit_softcap)
         return logits

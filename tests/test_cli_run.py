@@ -40,6 +40,7 @@ def test_run_streams_text_then_stats_line(smol_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout == expected.text + "\n"
     lines = r.stderr.strip().splitlines()
+    assert lines[0].startswith("KV cache: ") and "(ctx 256 x parallel 1)" in lines[0]
     assert STATS.match(lines[-1]), lines[-1]
     assert f"prompt {len(expected.prompt_token_ids)} tok" in lines[-1]
     assert f"generated {len(expected.token_ids)} tok" in lines[-1]
@@ -91,6 +92,10 @@ def test_run_json_and_chat(smol_path):
         (["-p", "hi", "--no-such-flag"], "no-such-flag"),
         (["-p", "word " * 300, "--ctx", "64"], "context"),
         (["-p", "hi", "--ctx", "100000000000"], "KV cache"),
+        (["-p", "hi", "--parallel", "0"], "--parallel"),
+        (["-p", "hi", "--kv-budget", "lots"], "--kv-budget"),
+        (["-p", "hi", "--kv-budget", "1K"], "less than one 16-token block"),
+        (["-p", "hi", "--kv-budget", "1M", "-n", "100"], "KV cache holds 32 tokens"),
     ],
 )
 def test_run_user_errors_are_one_line_exit_2(smol_path, args, message):

@@ -215,8 +215,9 @@ def test_stream_closed_early_frees_the_cache(tiny):
     assert blocks.num_free_blocks < free
     stream.close()
     assert blocks.num_free_blocks == free
-    with pytest.raises(EdgeInferError, match="not finished"):
-        _ = stream.completion
+    assert not blocks.tables
+    done = stream.completion  # what it produced before the close, ended as aborted
+    assert done.finish_reason == "abort" and 1 <= len(done.token_ids) < 50
 
 
 def test_chat_without_template_is_plain_completion(tiny):

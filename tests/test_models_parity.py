@@ -170,7 +170,7 @@ def test_real_model_greedy(real_pair):
 def small_runner(synthetic_model):
     # F32 weights: the small-n and large-n matmul paths then agree to float rounding, so
     # batching and caching are compared exactly rather than through int8 activation noise.
-    return ModelRunner(synthetic_model("llama", "F32"), threads=2, ctx=40, max_seqs=2)
+    return ModelRunner(synthetic_model("llama", "F32"), threads=2, ctx=40, parallel=2)
 
 
 def test_bad_token_ids(small_runner):

@@ -243,6 +243,15 @@ def test_complete_reply_updates_history_and_stats(loaded):
         assert re.search(r"KV\s+\d+/\d+ blk", numbers)
         assert re.search(r"RSS\s+[\d.]+ [KMG]iB", numbers)
         assert chat.query_one(UserTurn) and chat.query_one(AssistantTurn)
+        # the second turn's prompt starts with the first turn: its blocks come from the cache
+        first = s.last
+        await send(pilot, "And of Germany?")
+        await reply_done(pilot)
+        history = first.prompt_tokens + first.generated
+        assert s.last.cached_tokens >= (history - 1) // 16 * 16 - 16 > 0
+        numbers = str(chat.query_one("#numbers").render())
+        assert f"{s.last.cached_tokens} cached" in numbers
+        assert f"{s.last.prompt_tokens - s.last.cached_tokens} new" in numbers
 
     run(app, (80, 24), script)
 

@@ -111,7 +111,7 @@ class Reply:
         seq = self._seq
         return Progress(
             prompt_tokens=self.prompt_tokens,
-            cached_tokens=_runtime_cached_tokens(seq),
+            cached_tokens=seq.num_cached_tokens,
             generated=seq.num_output_tokens,
             t_arrival=seq.t_arrival,
             t_first=seq.t_first_token,
@@ -187,8 +187,8 @@ class ChatSession:
         last = self.last
         return last is not None and last.prompt_tokens + last.generated >= self.info.max_context
 
-    def kv_blocks(self) -> tuple[int, int] | None:
-        """(used, total) KV-cache blocks, or None when the runtime does not say."""
+    def kv_blocks(self) -> tuple[int, int]:
+        """(used, total) KV-cache blocks."""
         return self.llm.kv_usage()
 
 
@@ -200,7 +200,8 @@ def load(model: str, threads: int | None, ctx: int | None, progress) -> tuple[ob
 
     path = hub.resolve_model(model, progress=lambda msg, fraction=None: progress(msg, fraction))
     progress("loading weights", None)
-    llm = LLM(str(path), threads=threads, ctx=ctx)
+    # one conversation: one context's worth of KV blocks (earlier turns stay in it, cached)
+    llm = LLM(str(path), threads=threads, ctx=ctx, parallel=1)
     progress("warming up kernels", None)
     # A few prompt tokens and one decode step compile (or load from Numba's cache) the prefill
     # and decode kernels, so the first real reply starts without a stall.
@@ -238,8 +239,3 @@ def quant_label(g) -> str:
         for t in g.tensors.values():
             sizes[t.qtype.name] = sizes.get(t.qtype.name, 0) + t.nbytes
         return max(sizes, key=sizes.get) if sizes else "?"
-
-
-def _runtime_cached_tokens(seq) -> int:
-    """Prompt tokens reused from a prefix cache (vLLM's name; 0 until the runtime has one)."""
-    return getattr(seq, "num_cached_tokens", 0)

@@ -1,0 +1,171 @@
+"""Continuous batching: which sequences run in the next step, and how many tokens each.
+
+Plain Python on plain numbers (no numpy): the engine hands the decision to the runner.
+A sequence here is anything with `seq_id`, `token_ids` (prompt + output so far), `priority`,
+`arrival` (a counter: lower came first) and `num_computed` (leading tokens whose K/V are in the
+cache); a step computes `remaining = len(token_ids) - num_computed` more of them, all at once
+or as a chunk. When a step computes the last remaining token, the engine samples the next one,
+so a decoding sequence has exactly one token to compute per step.
+
+Order: higher priority first, then earlier arrival. Each step
+1. gives every running sequence its tokens (decode: 1; a prompt: a chunk), in that order, within
+   `max_num_batched_tokens`; when the KV cache runs out, the last sequence in that order is
+   preempted: its blocks are freed and it waits to be recomputed from its tokens (prefix caching
+   usually brings most of them back);
+2. admits waiting sequences in order while `max_num_seqs` and the token budget allow, preempting
+   running sequences of lower priority when that makes room.
+With nothing running, a partial batch waits up to `max_wait_s` for more requests first.
+Admission (`Engine.add`) refuses a sequence that could never fit the cache alone, so the first
+sequence in order can always run and preemption always makes progress.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from edgeinfer.block_manager import BlockManager
+
+
+def rank(seq) -> tuple[int, int]:
+    return (-seq.priority, seq.arrival)
+
+
+@dataclass
+class ScheduledBatch:
+    chunks: list[tuple[object, int]] = field(default_factory=list)  # (sequence, tokens to run)
+    preempted: list = field(default_factory=list)
+    wait_s: float = 0.0  # nothing scheduled: how long to wait for more requests
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.chunks)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        blocks: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_wait_s: float = 0.0,
+    ):
+        if max_num_seqs < 1 or max_num_batched_tokens < 1 or max_wait_s < 0:
+            raise ValueError(
+                "need max_num_seqs >= 1, max_num_batched_tokens >= 1 and max_wait_s >= 0, got "
+                f"{max_num_seqs}, {max_num_batched_tokens}, {max_wait_s}"
+            )
+        self.blocks = blocks
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_wait_s = max_wait_s
+        self.waiting: list = []  # in rank order
+        self.running: list = []
+        self.arrived_at: dict[int, float] = {}  # seq_id -> when it started waiting
+        self.num_preemptions = 0
+        # blocks the runner will take for sequences scheduled in the step being planned
+        self._promised: dict[int, int] = {}
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def add(self, seq, now: float) -> None:
+        seq.num_computed = 0
+        self._enqueue(seq, now)
+
+    def remove(self, seq) -> None:
+        """Forget a finished or aborted sequence and free its blocks."""
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.arrived_at.pop(seq.seq_id, None)
+        self.blocks.free(seq.seq_id)
+
+    def schedule(self, now: float) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        self._promised.clear()
+        if not self.running and self.waiting:
+            oldest = min(self.arrived_at[s.seq_id] for s in self.waiting)
+            left = self.max_wait_s - (now - oldest)
+            if len(self.waiting) < self.max_num_seqs and left > 0:
+                batch.wait_s = left
+                return batch
+        for seq in sorted(self.running, key=rank):
+            budget = self.max_num_batched_tokens - batch.num_tokens
+            if budget == 0:
+                break
+            if seq not in self.running:  # preempted for a sequence ahead of it
+                continue
+            n = min(len(seq.token_ids) - seq.num_computed, budget)
+            if self._make_room(seq, n, batch, now):
+                batch.chunks.append((seq, n))
+        while self.waiting and batch.num_tokens < self.max_num_batched_tokens:
+            seq = self.waiting[0]
+            if not self._admit(seq, batch, now):
+                break
+            del self.waiting[0]
+            self.arrived_at.pop(seq.seq_id, None)
+            self.running.append(seq)
+            seq.num_computed = self.blocks.allocate(seq.seq_id, seq.token_ids)
+            budget = self.max_num_batched_tokens - batch.num_tokens
+            batch.chunks.append((seq, min(len(seq.token_ids) - seq.num_computed, budget)))
+        return batch
+
+    def _make_room(self, seq, n: int, batch: ScheduledBatch, now: float) -> bool:
+        """Preempt from the back of the order until seq can grow by n; False if seq itself
+        had to go."""
+        need = self.blocks.blocks_needed(seq.seq_id, n)
+        while need > self._free_blocks():
+            victim = max(self.running, key=rank)
+            self._preempt(victim, batch, now)
+            if victim is seq:
+                return False
+        self._promised[seq.seq_id] = need
+        return True
+
+    def _free_blocks(self) -> int:
+        return self.blocks.num_free_blocks - sum(self._promised.values())
+
+    def _admit(self, seq, batch: ScheduledBatch, now: float) -> bool:
+        """Make room for a waiting sequence, preempting only sequences of lower priority and
+        only when that can be enough; False if there is no room."""
+
+        def fits() -> bool:
+            need = self.blocks.blocks_to_allocate(seq.token_ids)
+            return len(self.running) < self.max_num_seqs and need <= self._free_blocks()
+
+        if fits():
+            return True
+        lower = sorted(
+            (s for s in self.running if s.priority < seq.priority), key=rank, reverse=True
+        )
+        reclaimable = sum(self._blocks_freed_by(s) for s in lower)
+        need = self.blocks.blocks_to_allocate(seq.token_ids)
+        if not lower or need > self._free_blocks() + reclaimable:
+            return False
+        for victim in lower:
+            self._preempt(victim, batch, now)
+            if fits():
+                return True
+        return False
+
+    def _blocks_freed_by(self, seq) -> int:
+        refs = self.blocks.ref_counts
+        return sum(1 for b in self.blocks.block_table(seq.seq_id) if refs[b] == 1)
+
+    def _preempt(self, seq, batch: ScheduledBatch, now: float) -> None:
+        self.running.remove(seq)
+        self._promised.pop(seq.seq_id, None)
+        self.blocks.free(seq.seq_id)
+        seq.num_computed = 0
+        batch.chunks = [(s, n) for s, n in batch.chunks if s is not seq]
+        batch.preempted.append(seq)
+        self.num_preemptions += 1
+        self._enqueue(seq, now)
+
+    def _enqueue(self, seq, now: float) -> None:
+        key = rank(seq)
+        i = next((i for i, s in enumerate(self.waiting) if rank(s) > key), len(self.waiting))
+        self.waiting.insert(i, seq)
+        self.arrived_at[seq.seq_id] = now

@@ -1,0 +1,120 @@
+"""The scheduler alone, on stand-in sequences: budgets, chunked prefill, priorities, preemption."""
+
+import itertools
+
+import pytest
+
+from edgeinfer.block_manager import BlockManager
+from edgeinfer.scheduler import Scheduler
+
+BS = 4
+_ids = itertools.count()
+
+
+class Seq:
+    def __init__(self, prompt_len: int, priority: int = 0, first_token: int = 0):
+        self.seq_id = self.arrival = next(_ids)
+        self.priority = priority
+        self.token_ids = list(range(first_token, first_token + prompt_len))
+        self.num_computed = 0
+
+
+def advance(s: Scheduler, batch) -> None:
+    """What the runner and the engine do with a step: take the tokens' slots, count them as
+    computed, and give every sequence whose tokens are all computed a new one."""
+    for seq, n in batch.chunks:
+        s.blocks.append(seq.seq_id, n)
+        seq.num_computed += n
+        if seq.num_computed == len(seq.token_ids):
+            seq.token_ids.append(7)
+
+
+def make(num_blocks=64, max_num_seqs=8, max_tokens=32, wait=0.0):
+    return Scheduler(BlockManager(num_blocks, BS), max_num_seqs, max_tokens, wait)
+
+
+def test_decodes_and_prompt_chunks_share_one_step_within_the_token_budget():
+    s = make(max_tokens=10)
+    a = Seq(3)
+    s.add(a, 0)
+    advance(s, s.schedule(0))  # a's prompt
+    b = Seq(20)
+    s.add(b, 0)
+    batch = s.schedule(0)
+    assert [(q, n) for q, n in batch.chunks] == [(a, 1), (b, 9)]
+    advance(s, batch)
+    batch = s.schedule(0)
+    assert [(q, n) for q, n in batch.chunks] == [(a, 1), (b, 9)]
+    advance(s, batch)
+    assert [(q, n) for q, n in s.schedule(0).chunks] == [(a, 1), (b, 2)]
+
+
+def test_max_num_seqs_bounds_the_running_set():
+    s = make(max_num_seqs=2)
+    seqs = [Seq(2) for _ in range(3)]
+    for q in seqs:
+        s.add(q, 0)
+    batch = s.schedule(0)
+    assert [q for q, _ in batch.chunks] == seqs[:2] and s.waiting == [seqs[2]]
+    s.remove(seqs[0])
+    assert [q for q, _ in s.schedule(0).chunks] == [seqs[1], seqs[2]]
+
+
+def test_higher_priority_is_admitted_first_and_preempts_lower_ones():
+    s = make(max_num_seqs=1)
+    low = Seq(2, priority=0)
+    s.add(low, 0)
+    advance(s, s.schedule(0))
+    high = Seq(2, priority=5)
+    s.add(high, 0)
+    batch = s.schedule(0)
+    assert [q for q, _ in batch.chunks] == [high] and batch.preempted == [low]
+    assert low.num_computed == 0 and s.blocks.block_table(low.seq_id) == []
+    assert s.waiting == [low]
+    # an equal priority does not preempt: it waits its turn
+    s2 = make(max_num_seqs=1)
+    first, second = Seq(2), Seq(2)
+    s2.add(first, 0)
+    advance(s2, s2.schedule(0))
+    s2.add(second, 0)
+    assert [q for q, _ in s2.schedule(0).chunks] == [first]
+
+
+def test_running_out_of_blocks_preempts_the_last_in_order_and_it_is_recomputed():
+    s = make(num_blocks=4)  # 16 tokens in all
+    a, b = Seq(7), Seq(7, first_token=100)
+    s.add(a, 0)
+    s.add(b, 0)
+    advance(s, s.schedule(0))  # 2 blocks each
+    advance(s, s.schedule(0))  # both have 8 tokens computed: the next one needs a third block
+    batch = s.schedule(0)
+    assert batch.preempted == [b] and [q for q, _ in batch.chunks] == [a]
+    assert s.num_preemptions == 1
+    while len(a.token_ids) < 14:
+        advance(s, s.schedule(0))
+    s.remove(a)
+    batch = s.schedule(0)  # b comes back and recomputes its prompt and its output so far
+    assert batch.chunks == [(b, len(b.token_ids))]
+
+
+def test_a_lone_sequence_that_outgrows_the_cache_preempts_itself_without_looping():
+    s = make(num_blocks=2)
+    a = Seq(8)
+    s.add(a, 0)
+    advance(s, s.schedule(0))
+    batch = s.schedule(0)  # a needs a third block
+    assert batch.chunks == [] and batch.preempted == [a]
+
+
+def test_a_partial_batch_waits_for_more_requests_up_to_max_wait():
+    s = make(max_num_seqs=2, wait=0.05)
+    a = Seq(2)
+    s.add(a, 10.0)
+    batch = s.schedule(10.01)
+    assert batch.chunks == [] and batch.wait_s == pytest.approx(0.04)
+    assert [q for q, _ in s.schedule(10.06).chunks] == [a]
+    full = make(max_num_seqs=2, wait=0.05)
+    pair = [Seq(2), Seq(2)]
+    for q in pair:
+        full.add(q, 10.0)
+    assert [q for q, _ in full.schedule(10.0).chunks] == pair  # a full batch does not wait
