@@ -1,13 +1,15 @@
 """Serving throughput: edgeinfer's continuous batching against llama-cpp-python one by one.
 
-    python bench/throughput.py [MODEL] [--threads N] [--sizes 1 4 16 64] [--json]
+    python bench/throughput.py [MODEL] [--threads N] [--sizes 1 4 16 64] [--max-output 256]
+                               [--json]
 
 A fixed list of greedy requests with mixed prompt lengths (half of them behind a shared
 system prompt, as chat traffic is) and mixed output lengths (EOS ignored, so every engine
 generates the same number of tokens). For each N in --sizes, the first N requests arrive
 together and edgeinfer serves them concurrently; reported: aggregate output tok/s (output
 tokens / time until the last one finishes), TTFT and TPOT p50 / p99, peak KV blocks, and
-whether each request's tokens are identical to the same request run alone on edgeinfer.
+whether each request's tokens are identical to the same request run alone on edgeinfer
+(both in batch-invariant mode, which is what makes them identical).
 In the same run, llama-cpp-python (in its own process, same threads) serves the same requests
 one after another through its high-level API, keeping its own prompt-prefix reuse.
 Last, a chat's second turn: its TTFT with prefix caching against recomputing the history.
@@ -34,8 +36,11 @@ SYSTEM_TOKENS = 96
 N_REQUESTS = 64
 
 
-def requests(tokenizer, n: int = N_REQUESTS, seed: int = 0) -> list[tuple[list[int], int]]:
-    """n (prompt token ids, output tokens): prompts of 8-400 tokens, outputs of 16-128."""
+def requests(
+    tokenizer, max_output: int, n: int = N_REQUESTS, seed: int = 0
+) -> list[tuple[list[int], int]]:
+    """n (prompt token ids, output tokens): prompts of 8-400 tokens (plus a 96-token system
+    prompt for every other one), outputs of 16-max_output tokens."""
     rng = np.random.default_rng(seed)
     words = PROSE.split()
     system = tokenizer.encode(" ".join(words * 4))[:SYSTEM_TOKENS]
@@ -45,7 +50,7 @@ def requests(tokenizer, n: int = N_REQUESTS, seed: int = 0) -> list[tuple[list[i
         text = " ".join((words[start:] + words) * 8)
         body = tokenizer.encode(text, add_bos=False)[: int(rng.integers(8, 400))]
         prompt = system + body if i % 2 else (system[:1] + body)
-        out.append((prompt, int(rng.integers(16, 129))))
+        out.append((prompt, int(rng.integers(16, max_output + 1))))
     return out
 
 
@@ -77,6 +82,7 @@ def serve(llm, reqs) -> dict:
     return {
         "tokens": [c.token_ids for c in done],
         "output_tokens": sum(len(c.token_ids) for c in done),
+        "prompt_tokens": sum(c.metrics.prompt_tokens for c in done),
         "wall_s": wall,
         "tok_s": sum(len(c.token_ids) for c in done) / wall,
         "ttft_p50_ms": pct([c.metrics.ttft_s * 1e3 for c in done], 50),
@@ -94,17 +100,26 @@ def edgeinfer_runs(path: str, threads: int, sizes: list[int], reqs) -> dict:
     ctx = max(len(p) + m for p, m in reqs) + 16
     warm = LLM(path, threads=threads, ctx=ctx, parallel=1)
     warm.generate([reqs[0][0][:40]], SamplingParams(max_tokens=4, temperature=0))
-    alone = []
-    for prompt, m in reqs[: max(sizes)]:  # each request by itself, with nothing cached
-        fresh = LLM(path, threads=threads, ctx=ctx, parallel=1, prefix_caching=False)
-        alone.append(
-            fresh.generate([prompt], SamplingParams(temperature=0, max_tokens=m, ignore_eos=True))[
-                0
-            ].token_ids
-        )
+    # each request by itself, with nothing cached
+    solo = LLM(
+        path, threads=threads, ctx=ctx, parallel=1, prefix_caching=False, batch_invariant=True
+    )
+    alone = [
+        solo.generate([p], SamplingParams(temperature=0, max_tokens=m, ignore_eos=True))[
+            0
+        ].token_ids
+        for p, m in reqs[: max(sizes)]
+    ]
     rows = {}
     for n in sizes:
-        llm = LLM(path, threads=threads, ctx=ctx, parallel=n, max_num_seqs=max(sizes))
+        llm = LLM(
+            path,
+            threads=threads,
+            ctx=ctx,
+            parallel=n,
+            max_num_seqs=max(sizes),
+            batch_invariant=True,
+        )
         r = serve(llm, reqs[:n])
         r["identical"] = sum(a == b for a, b in zip(r.pop("tokens"), alone, strict=False))
         rows[n] = r
@@ -171,7 +186,9 @@ def _spawn_llama(path: str, threads: int, reqs) -> list[dict]:
 
 def markdown(model: str, threads: int, rows: dict, llama: list[dict], turn: dict) -> str:
     lines = [
-        f"{model}, {threads} threads; llama-cpp-python serves the same requests one by one",
+        f"{model}, {threads} threads; llama-cpp-python serves the same requests one by one; "
+        f"prompt tokens of the first N: "
+        + ", ".join(f"{n}: {r['prompt_tokens']}" for n, r in rows.items()),
         "",
         "| N | out tok | edgeinfer tok/s | llama.cpp tok/s | ratio | TTFT p50/p99 ms "
         "| TPOT p50/p99 ms | peak KV blocks | preempted | identical to alone |",
@@ -200,6 +217,9 @@ def main() -> None:
     ap.add_argument("model", nargs="?", default="smollm2-135m-instruct")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--sizes", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument(
+        "--max-output", type=int, default=256, help="outputs are 16 to this many tokens"
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -213,7 +233,7 @@ def main() -> None:
 
     path = str(resolve_model(args.model))
     threads = kernels.set_threads(args.threads)
-    reqs = requests(Tokenizer.from_gguf(path))[: max(args.sizes)]
+    reqs = requests(Tokenizer.from_gguf(path), args.max_output)[: max(args.sizes)]
     llama = _spawn_llama(path, threads, reqs)
     rows = edgeinfer_runs(path, threads, sorted(args.sizes), reqs)
     turn = second_turn_ttft(path, threads)

@@ -10,27 +10,32 @@ from numba import njit, prange
 from .act_quant import make_matmul_small
 from .kquant_common import f16_at
 from .matmul import each_row, row_tile_matmul
-from .q4_0 import U4, U15, half_at, nibble_pair_dot
+from .q4_0 import SIXTEENTH, half_at, nibble_pair_dot
 from .registry import QuantType, register
 
 BLOCK, TYPE_SIZE = 32, 20
-i16, f32 = np.int16, np.float32
+i16, i32, f32 = np.int16, np.int32, np.float32
 
 
 # raw: [nb * 20] (one row) -> out: [nb * 32]
+# Flat indexing (no per-block views) and one int32 byte per step: LLVM vectorizes the 16-byte loop
+# 8 lanes wide. The high nibble is taken in place (v & 0xF0 = 16 q) against d / 16, which is
+# bit-identical to d * q (both products round the same real number; d / 16 is exact for any
+# float16 d) and saves the 64-bit shift-and-pack LLVM emits for Numba's `v >> 4`.
 @njit(cache=True)
 def dequantize_row(raw, out):
     nb = raw.shape[0] // TYPE_SIZE
-    w2 = raw.reshape(nb, TYPE_SIZE)
-    o2 = out.reshape(nb, BLOCK)
-    half = o2.shape[1] // 2  # runtime count: a constant 16 gets fully unrolled, scalar
+    half = out.shape[0] // nb // 2  # runtime count: a constant 16 gets fully unrolled, scalar
     for b in range(nb):
-        d = f16_at(w2[b], 0)
-        m = f16_at(w2[b], 2)
+        i = b * TYPE_SIZE
+        o = b * BLOCK
+        d = f16_at(raw, i)
+        m = f16_at(raw, i + 2)
+        d16 = d * SIXTEENTH
         for j in range(half):
-            v = w2[b, 4 + j]
-            o2[b, j] = d * f32(np.bitwise_and(v, U15)) + m
-            o2[b, half + j] = d * f32(np.right_shift(v, U4)) + m
+            v = i32(raw[i + 4 + j])
+            out[o + j] = d * f32(v & 15) + m
+            out[o + half + j] = d16 * f32(v & 240) + m
 
 
 # raw: [rows, nb * 20] -> out: [rows, nb * 32]

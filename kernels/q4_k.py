@@ -14,31 +14,31 @@ from .matmul import each_row, row_tile_matmul
 from .registry import QuantType, register
 
 TYPE_SIZE = 144
-U15, U4 = np.uint8(15), np.uint8(4)
+SIXTEENTH = np.float32(1.0 / 16)  # a nibble's weight in the high half of its byte
 
 
 # raw: [nb*144] uint8 (one row) -> out: [nb*256] float32
+# Flat indexing and int32 bytes, the high nibble taken in place against dl / 16: see Q4_0's
+# dequantize_row (dl1 / 16 is exact, so the products are bit-identical to dl1 * q).
 @njit(cache=True)
 def dequantize_row(raw, out):
     nb = raw.shape[0] // TYPE_SIZE
     sub_len = out.shape[0] // nb // 8  # runtime count: a constant 32 gets unrolled, scalar
     for b in range(nb):
-        blk = raw[b * TYPE_SIZE : (b + 1) * TYPE_SIZE]
-        o = out[b * QK_K : (b + 1) * QK_K]
-        d = f16_at(blk, 0)
-        dmin = f16_at(blk, 2)
+        i = b * TYPE_SIZE
+        d = f16_at(raw, i)
+        dmin = f16_at(raw, i + 2)
         for c in range(4):  # 32 bytes: sub-block 2c in the low nibbles, 2c + 1 in the high
-            sc0, m0 = scale_min_k4(blk, 4, 2 * c)
-            sc1, m1 = scale_min_k4(blk, 4, 2 * c + 1)
+            sc0, m0 = scale_min_k4(raw, i + 4, 2 * c)
+            sc1, m1 = scale_min_k4(raw, i + 4, 2 * c + 1)
             dl0, ml0 = d * np.float32(sc0), dmin * np.float32(m0)
-            dl1, ml1 = d * np.float32(sc1), dmin * np.float32(m1)
-            qs = blk[16 + 32 * c : 48 + 32 * c]
-            lo = o[64 * c : 64 * c + 32]
-            hi = o[64 * c + 32 : 64 * c + 64]
+            dl1, ml1 = d * np.float32(sc1) * SIXTEENTH, dmin * np.float32(m1)
+            q = i + 16 + 32 * c
+            o = b * QK_K + 64 * c
             for l in range(sub_len):
-                v = qs[l]
-                lo[l] = dl0 * np.float32(np.bitwise_and(v, U15)) - ml0
-                hi[l] = dl1 * np.float32(np.right_shift(v, U4)) - ml1
+                v = I32(raw[q + l])
+                out[o + l] = dl0 * np.float32(v & 15) - ml0
+                out[o + sub_len + l] = dl1 * np.float32(v & 240) - ml1
 
 
 # raw: [rows, nb*144] -> out: [rows, nb*256]

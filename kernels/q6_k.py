@@ -15,9 +15,6 @@ from .matmul import each_row, row_tile_matmul
 from .registry import QuantType, register
 
 TYPE_SIZE = 210
-I16, S32 = np.int16, np.int16(32)
-U2, U3, U4, U6, U15 = np.uint8(2), np.uint8(3), np.uint8(4), np.uint8(6), np.uint8(15)
-sub, band, shr, shl = np.subtract, np.bitwise_and, np.right_shift, np.left_shift
 
 
 # b: a byte -> its value as int8 (-128..127)
@@ -28,40 +25,33 @@ def i8(b):
 
 
 # raw: [nb*210] uint8 (one row) -> out: [nb*256] float32
+# Flat indexing and int32 bytes, 32 elements of each of 4 groups per step (per-block views and
+# 16-trip loops kept LLVM off its 8-lane loop: 1.7x slower).
 @njit(cache=True)
 def dequantize_row(raw, out):
     nb = raw.shape[0] // TYPE_SIZE
     n16 = out.shape[0] // nb // 16  # runtime count: a constant 16 gets unrolled, scalar
     for b in range(nb):
-        blk = raw[b * TYPE_SIZE : (b + 1) * TYPE_SIZE]
-        o = out[b * QK_K : (b + 1) * QK_K]
-        d = f16_at(blk, 208)
-        for h in range(2):  # 128-element halves; each in two 16-element rows of groups
+        i = b * TYPE_SIZE
+        d = f16_at(raw, i + 208)
+        for h in range(2):  # 128-element halves: 4 groups of 32, each in two scale groups of 16
+            ql = i + 64 * h
+            qh = i + 128 + 32 * h
+            e = b * QK_K + 128 * h
             for half in range(2):
-                ql = blk[64 * h + 16 * half : 64 * h + 16 * half + 48]
-                qh = blk[128 + 32 * h + 16 * half : 128 + 32 * h + 16 * half + 16]
-                sc = 192 + 8 * h + half
-                d0 = d * np.float32(i8(blk[sc]))
-                d1 = d * np.float32(i8(blk[sc + 2]))
-                d2 = d * np.float32(i8(blk[sc + 4]))
-                d3 = d * np.float32(i8(blk[sc + 6]))
-                e = 128 * h + 16 * half
-                o0 = o[e : e + 16]
-                o1 = o[e + 32 : e + 48]
-                o2 = o[e + 64 : e + 80]
-                o3 = o[e + 96 : e + 112]
-                for l in range(n16):
-                    lo = ql[l]
-                    hi = ql[32 + l]
-                    c = qh[l]
-                    q = band(lo, U15) | shl(band(c, U3), U4)
-                    o0[l] = d0 * np.float32(sub(I16(q), S32))
-                    q = band(hi, U15) | shl(band(shr(c, U2), U3), U4)
-                    o1[l] = d1 * np.float32(sub(I16(q), S32))
-                    q = shr(lo, U4) | shl(band(shr(c, U4), U3), U4)
-                    o2[l] = d2 * np.float32(sub(I16(q), S32))
-                    q = shr(hi, U4) | shl(shr(c, U6), U4)
-                    o3[l] = d3 * np.float32(sub(I16(q), S32))
+                sc = i + 192 + 8 * h + half
+                d0 = d * np.float32(i8(raw[sc]))
+                d1 = d * np.float32(i8(raw[sc + 2]))
+                d2 = d * np.float32(i8(raw[sc + 4]))
+                d3 = d * np.float32(i8(raw[sc + 6]))
+                for l in range(n16 * half, n16 * (half + 1)):
+                    lo = I32(raw[ql + l])
+                    hi = I32(raw[ql + 32 + l])
+                    c = I32(raw[qh + l])
+                    out[e + l] = d0 * np.float32(((lo & 15) | ((c & 3) << 4)) - 32)
+                    out[e + 32 + l] = d1 * np.float32(((hi & 15) | (((c >> 2) & 3) << 4)) - 32)
+                    out[e + 64 + l] = d2 * np.float32(((lo >> 4) | (((c >> 4) & 3) << 4)) - 32)
+                    out[e + 96 + l] = d3 * np.float32(((hi >> 4) | ((c >> 6) << 4)) - 32)
 
 
 # raw: [rows, nb*210] -> out: [rows, nb*256]

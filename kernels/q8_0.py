@@ -6,8 +6,8 @@ from numba import njit, prange
 
 from .act_quant import quantize_act
 from .floatbits import load_half
+from .kquant_common import f16_at
 from .matmul import each_row, row_tile_matmul
-from .q4_0 import half_at
 from .registry import QuantType, register
 
 BLOCK, TYPE_SIZE = 32, 34
@@ -15,19 +15,18 @@ i32, f32 = np.int32, np.float32
 
 
 # raw: [nb * 34] (one row) -> out: [nb * 32]
+# Flat indexing: per-block views ([1, nb, 34] reshapes) kept LLVM off its 8-lane loop.
 @njit(cache=True)
 def dequantize_row(raw, out):
     nb = raw.shape[0] // TYPE_SIZE
-    # one row as [1, nb, block bytes]: the block helpers shared with the fused kernel index (r, b)
-    w3 = raw.reshape(1, nb, TYPE_SIZE)
-    q3 = raw.view(np.int8).reshape(1, nb, TYPE_SIZE)
-    o3 = out.reshape(1, nb, BLOCK)
-    bs = o3.shape[2]  # runtime count: a constant 32 gets fully unrolled and stays scalar
-    r = 0
+    q = raw.view(np.int8)
+    bs = out.shape[0] // nb  # runtime count: a constant 32 gets fully unrolled and stays scalar
     for b in range(nb):
-        d = half_at(w3, r, b, 0)
+        i = b * TYPE_SIZE
+        o = b * BLOCK
+        d = f16_at(raw, i)
         for j in range(bs):
-            o3[r, b, j] = f32(q3[r, b, 2 + j]) * d
+            out[o + j] = f32(q[i + 2 + j]) * d
 
 
 # raw: [rows, nb * 34] -> out: [rows, nb * 32]
