@@ -1,10 +1,13 @@
-"""Decode tok/s inside the chat app vs the plain streaming loop of `edgeinfer run`.
+"""Decode tok/s inside the chat app vs `edgeinfer run`, each as a user starts it.
 
-Both sides use one loaded model, the same chat prompt, greedy sampling and ignore_eos, so they
-compute exactly the same tokens; runs alternate (run, app, run, app, ...) to share the machine's
-noise. The app runs headless through Textual's Pilot: the UI thread does all its usual work
-(Markdown appends, stats refreshes, layout and rendering), only the bytes to a terminal are
-skipped. Target: app / run >= 0.9.
+`edgeinfer run` runs as its own process (--chat --json: the same chat prompt, greedy, EOS
+ignored, so both sides compute the same tokens); the app runs headless through Textual's Pilot,
+also in a process of its own, and loads the model itself, on its compute thread, as
+`edgeinfer chat` does (two apps in one process would leave one's kernel threads spinning
+next to the other's).
+The UI thread does all its usual work (Markdown appends, stats refreshes, layout and
+rendering); only the bytes to a terminal are skipped. Runs alternate (run, app, run, app, ...)
+to share the machine's noise. Target: app / run >= 0.9.
 
     python bench/tui_throughput.py [--model NAME] [-n 128] [--reps 3] [--threads N] [--json]
 """
@@ -15,14 +18,17 @@ import argparse
 import asyncio
 import json
 import statistics
-import threading
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 from edgeinfer.sampling import SamplingParams
 from edgeinfer.tui import session as sessions
 from edgeinfer.tui.app import ChatApp, ChatOptions
 
 PROMPT = "Write a long story about a lighthouse keeper and a storm."
+EDGEINFER = Path(sys.executable).with_name("edgeinfer")
 
 
 def decode_rate(p: sessions.Progress) -> float:
@@ -30,29 +36,29 @@ def decode_rate(p: sessions.Progress) -> float:
     return (p.generated - 1) / (p.t_last - p.t_first)
 
 
-def run_side(llm, ids: list[int], params: SamplingParams) -> float:
-    """What `edgeinfer run` does: iterate the stream, taking each delta."""
-    out = []
-    stream = llm.stream(ids, params)
-    for delta in stream:
-        out.append(delta)
-    return stream.completion.metrics.decode_tok_s
+def run_side(model: str, tokens: int, threads: int | None) -> float:
+    """`edgeinfer run` in its own process -> its decode tok/s."""
+    cmd = [str(EDGEINFER), "run", model, "-p", PROMPT, "--chat", "--json", "--temp", "0"]
+    cmd += ["-n", str(tokens), "--ignore-eos"] + (["-t", str(threads)] if threads else [])
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"edgeinfer run failed:\n{r.stderr[-2000:]}")
+    return json.loads(r.stdout)["metrics"]["decode_tok_s"]
 
 
-def run_side_in_thread(llm, ids: list[int], params: SamplingParams) -> float:
-    """The same loop on a worker thread, as the app runs it: the difference to the app is the
-    UI's own cost. (With OpenMP's default active waiting on a busy machine, the main thread's
-    kernel team can be several times slower than a worker thread's.)"""
-    rates = []
-    t = threading.Thread(target=lambda: rates.append(run_side(llm, ids, params)))
-    t.start()
-    t.join()
-    return rates[0]
+def app_side(args) -> dict:
+    """The app in a process of its own -> {tok_s, ui_share, model, quant, threads}."""
+    cmd = [sys.executable, __file__, "--worker", "--model", args.model, "-n", str(args.tokens)]
+    cmd += ["--size", args.size] + (["--threads", str(args.threads)] if args.threads else [])
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"app worker failed:\n{r.stderr[-2000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def app_side(loaded, params: SamplingParams, size: tuple[int, int]) -> tuple[float, float]:
-    """-> (decode tok/s, share of one core the UI thread used while decoding)."""
-    app = ChatApp(ChatOptions(params=params), loaded=loaded)
+def app_worker(options: ChatOptions, size: tuple[int, int]) -> dict:
+    """One headless app: load, send the prompt, time the reply's decode."""
+    app = ChatApp(options)
     rates = []
 
     async def main():
@@ -68,7 +74,16 @@ def app_side(loaded, params: SamplingParams, size: tuple[int, int]) -> tuple[flo
             while chat.replying:
                 await asyncio.sleep(0.05)
             ui_share = (time.thread_time() - cpu) / (time.perf_counter() - wall)
-            rates.append((decode_rate(chat.session.last), ui_share))
+            info = chat.session.info
+            rates.append(
+                {
+                    "tok_s": decode_rate(chat.session.last),
+                    "ui_share": ui_share,
+                    "model": info.name,
+                    "quant": info.quant,
+                    "threads": info.threads,
+                }
+            )
 
     asyncio.run(main())
     return rates[0]
@@ -82,53 +97,43 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--size", default="100x30", help="terminal size of the headless app")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
-
-    t0 = time.perf_counter()
-    llm, info = sessions.load(args.model, args.threads, None, lambda msg, frac: None)
-    load_s = time.perf_counter() - t0
-    params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
-    ids = llm.chat_token_ids([{"role": "user", "content": PROMPT}])
-    size = tuple(int(x) for x in args.size.split("x"))
-
-    run_rates, thread_rates, app_rates, ui_shares = [], [], [], []
+    if args.worker:
+        params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
+        options = ChatOptions(args.model, args.threads, None, None, params)
+        size = tuple(int(x) for x in args.size.split("x"))
+        print(json.dumps(app_worker(options, size)))
+        return
+    run_rates, app_rates, ui_shares = [], [], []
     for _ in range(args.reps):
-        run_rates.append(run_side(llm, ids, params))
-        thread_rates.append(run_side_in_thread(llm, ids, params))
-        rate, ui_share = app_side((llm, info), params, size)
-        app_rates.append(rate)
-        ui_shares.append(ui_share)
+        run_rates.append(run_side(args.model, args.tokens, args.threads))
+        info = app_side(args)
+        app_rates.append(info["tok_s"])
+        ui_shares.append(info["ui_share"])
     run_med, app_med = statistics.median(run_rates), statistics.median(app_rates)
-    thread_med = statistics.median(thread_rates)
     result = {
-        "model": info.name,
-        "quant": info.quant,
-        "threads": info.threads,
-        "prompt_tokens": len(ids),
+        "model": info["model"],
+        "quant": info["quant"],
+        "threads": info["threads"],
         "tokens": args.tokens,
-        "load_s": round(load_s, 2),
         "run_tok_s": [round(r, 2) for r in run_rates],
-        "run_thread_tok_s": [round(r, 2) for r in thread_rates],
         "app_tok_s": [round(r, 2) for r in app_rates],
         "app_ui_cpu_share": [round(u, 3) for u in ui_shares],
         "ratio": round(app_med / run_med, 3),
-        "ratio_same_thread_kind": round(app_med / thread_med, 3),
     }
     if args.json:
         print(json.dumps(result))
         return
+    print("| model | threads | `run` tok/s | app tok/s | app / `run` |")
+    print("| --- | --- | --- | --- | --- |")
     print(
-        "| model | threads | `run` tok/s | `run` loop on a thread tok/s | app tok/s"
-        " | app / `run` | app / thread loop |"
-    )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    print(
-        f"| {info.name} {info.quant} | {info.threads} | {run_med:.1f} | {thread_med:.1f}"
-        f" | {app_med:.1f} | {result['ratio']:.2f} | {result['ratio_same_thread_kind']:.2f} |"
+        f"| {info['model']} {info['quant']} | {info['threads']} | {run_med:.1f} | {app_med:.1f}"
+        f" | {result['ratio']:.2f} |"
     )
     print(
-        f"(median of {args.reps}; each: {args.tokens} tokens after a {len(ids)}-token prompt;"
-        f" the app's UI thread used {statistics.median(ui_shares):.1%} of a core while decoding)"
+        f"(median of {args.reps}; {args.tokens} tokens each; the app's UI thread used"
+        f" {statistics.median(ui_shares):.1%} of a core while decoding)"
     )
 
 
