@@ -65,13 +65,16 @@ def _instrumented(runner: ModelRunner, clock: _Clock):
     saved_call = base.Linear.__call__
     saved_embedding = base.kernels.embedding
     units = {p.unit for lin in [model.output, *_linears(model)] for p in lin.parts}
-    saved_units = {u: u.matmul_small for u in units if u.matmul_small is not None}
+    kernel_fields = ("matmul_small", "matmul_rows")
+    saved_units = {
+        (u, f): getattr(u, f) for u in units for f in kernel_fields if getattr(u, f) is not None
+    }
     saved_tiled = kmatmul.matmul_tiled
 
-    def linear_call(self, x):
+    def linear_call(self, x, blas_layout=None):
         t0 = time.perf_counter()
         try:
-            return saved_call(self, x)
+            return saved_call(self, x, blas_layout)
         finally:
             kind = f"matmul {roles.get(id(self), 'other')}"
             clock.seconds[kind] += time.perf_counter() - t0
@@ -82,9 +85,9 @@ def _instrumented(runner: ModelRunner, clock: _Clock):
             setattr(base, name, clock.wrap(kind, saved_fns[name]))
         base.Linear.__call__ = linear_call
         base.kernels.embedding = clock.wrap("embedding", saved_embedding)
-        for u, fn in saved_units.items():
+        for (u, f), fn in saved_units.items():
             # units are frozen dataclasses; this swap is undone below
-            object.__setattr__(u, "matmul_small", clock.wrap(COMPILED_MATMUL, fn))
+            object.__setattr__(u, f, clock.wrap(COMPILED_MATMUL, fn))
         # types without a fused small-n kernel go through dequantize tiles + BLAS
         kmatmul.matmul_tiled = clock.wrap(COMPILED_MATMUL, saved_tiled)
         yield
@@ -93,8 +96,8 @@ def _instrumented(runner: ModelRunner, clock: _Clock):
             setattr(base, name, fn)
         base.Linear.__call__ = saved_call
         base.kernels.embedding = saved_embedding
-        for u, fn in saved_units.items():
-            object.__setattr__(u, "matmul_small", fn)
+        for (u, f), fn in saved_units.items():
+            object.__setattr__(u, f, fn)
         kmatmul.matmul_tiled = saved_tiled
 
 
