@@ -14,16 +14,18 @@ from dataclasses import asdict, dataclass
 from time import perf_counter
 
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.kernels.matmul import BLAS_ROW_BLOCK
 from edgeinfer.memory_plan import PREFILL_CHUNK
 from edgeinfer.scheduler import Scheduler
 from edgeinfer.sequence import Sequence
 
-# A prompt this long runs its prefill rows through the dequantize + BLAS path; shorter prompts
-# and every generated token use the row-by-row kernels. Deciding per token (not per batch size)
-# keeps each sequence's arithmetic the same whoever it shares a step with. Decode-only steps
-# may instead take the fastest kernel for their size unless `batch_invariant` is set: at one
-# sequence the int8 kernel is about 2x faster than the row-tile kernel, but its rounding differs.
-BLAS_PROMPT_MIN = 32
+# Prompt tokens in whole BLAS_ROW_BLOCKs of the prompt (positions below P // B * B) take the
+# dequantize + BLAS path, a block per BLAS call with no padding; the prompt's tail and every
+# generated token take the row-by-row kernels. Deciding per token (not per batch size) keeps
+# each sequence's arithmetic the same whoever it shares a step with. Steps of decode tokens
+# only may instead take the fastest kernel for their size unless `batch_invariant` is set: at
+# one sequence the int8 kernel is about 2x faster than the row-tile kernel, but rounds
+# differently, so a batch then decodes slightly differently from a request alone.
 # Output tokens per second are averaged over this many seconds.
 RATE_WINDOW_S = 3.0
 
@@ -118,17 +120,18 @@ class Engine:
         if not batch.chunks:
             return outputs
         work = []
+        decode_only = True
         for seq, n in batch.chunks:
             if seq.t_scheduled is None:
                 seq.t_scheduled = now
                 seq.num_cached_tokens = seq.num_computed
             start = seq.num_computed
-            blas_rows = 0
-            if seq.num_prompt_tokens >= BLAS_PROMPT_MIN:
-                blas_rows = max(0, min(n, seq.num_prompt_tokens - start))
+            whole_blocks = seq.num_prompt_tokens // BLAS_ROW_BLOCK * BLAS_ROW_BLOCK
+            blas_rows = max(0, min(n, whole_blocks - start))
+            decode_only &= n == 1 and start >= seq.num_prompt_tokens
             ends_prompt = start + n == len(seq.token_ids)
             work.append((seq.seq_id, seq.token_ids[start : start + n], ends_prompt, blas_rows))
-        logits = self.runner.execute(work, self.batch_invariant)
+        logits = self.runner.execute(work, by_size=decode_only and not self.batch_invariant)
         sampled = 0
         for (seq, n), row in zip(batch.chunks, logits, strict=True):
             seq.num_computed += n

@@ -159,20 +159,19 @@ class ModelRunner:
         return self._run(self._check_batch(requests), all_logits)
 
     def execute(
-        self, work: Sequence[tuple[int, Sequence[int], bool, int]], batch_invariant: bool = True
+        self, work: Sequence[tuple[int, Sequence[int], bool, int]], by_size: bool = False
     ) -> list[np.ndarray | None]:
         """One engine step, one forward pass: [(seq_id, token_ids, wants_logits, blas_rows), ...]
         (each seq_id once; the first blas_rows of an entry's tokens take the dequantize + BLAS
-        matmul path) -> per entry float32[vocab], the logits after its last token, or None (a
-        prompt chunk that does not end the prompt needs no logits and gets no head pass).
-
-        batch_invariant: every other row takes the row-by-row kernels, so a sequence gets the
-        same bits whatever it is batched with. Otherwise a step without BLAS rows (decode)
-        takes the fastest kernel for its size (at one row, the int8 fused kernel)."""
+        matmul path, the others the row-by-row kernels, so a sequence gets the same bits
+        whatever it is batched with) -> per entry float32[vocab], the logits after its last
+        token, or None (a prompt chunk that does not end the prompt needs no logits and gets no
+        head pass). by_size: instead take the fastest kernels for the batch size (at one row,
+        the int8 fused kernel)."""
         checked = self._check_batch([(s, ids) for s, ids, _, _ in work])
         wanted = [w for _, _, w, _ in work]
         layout = None
-        if batch_invariant or any(b for *_, b in work):
+        if not by_size:
             layout = self._blas_layout([(s, len(ids), b) for s, ids, _, b in work])
         rows = iter(self._run(checked, all_logits=False, wanted=wanted, blas_layout=layout))
         return [next(rows)[0] if w else None for w in wanted]
