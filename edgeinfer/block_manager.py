@@ -86,8 +86,10 @@ class BlockManager:
     def blocks_to_allocate(self, token_ids: list[int]) -> int:
         """Blocks `allocate(token_ids)` would take from the free pool: new ones, plus cached
         prefix blocks that nobody references (they count as free until reused)."""
-        _, hits = self._prefix_hits(token_ids)
-        total = -(-len(token_ids) // self.block_size)
+        return self._pool_blocks(len(token_ids), self._prefix_hits(token_ids)[1])
+
+    def _pool_blocks(self, n_tokens: int, hits: list[int]) -> int:
+        total = -(-n_tokens // self.block_size)
         revived = sum(1 for b in hits if self.ref_counts[b] == 0)
         return total - len(hits) + revived
 
@@ -99,13 +101,13 @@ class BlockManager:
         -> the number of leading tokens whose K/V are already there (the sequence's length)."""
         if seq_id in self.tables:
             raise ValueError(f"sequence {seq_id} already has blocks")
-        need = self.blocks_to_allocate(token_ids)
+        keys, hits = self._prefix_hits(token_ids)  # hashes every full block: once per call
+        need = self._pool_blocks(len(token_ids), hits)
         if need > self.num_free_blocks:
             raise KVCacheFullError(
                 f"KV cache full: sequence {seq_id} needs {need} blocks of "
                 f"{self.block_size} tokens, {self.num_free_blocks} free"
             )
-        keys, hits = self._prefix_hits(token_ids)
         for block in hits:
             if self.ref_counts[block] == 0:
                 del self.evictable[block]

@@ -5,7 +5,10 @@ import numpy as np
 import pytest
 
 from edgeinfer.engine import Engine, RequestTooLargeError
+from edgeinfer.gguf_reader import read_gguf
 from edgeinfer.llm import LLM
+from edgeinfer.memory_plan import kv_block_bytes
+from edgeinfer.model_config import ModelConfig
 from edgeinfer.sampling import SamplingParams
 
 SMOL = "smollm2-135m-instruct"
@@ -27,6 +30,12 @@ def alone(path, batch, params=GREEDY) -> list[list[int]]:
     """Each prompt on its own, on a fresh model with no prefix cache."""
     llm = LLM(str(path), threads=1, prefix_caching=False, batch_invariant=True)
     return [llm.generate(p, params)[0].token_ids for p in batch]
+
+
+def block_bytes(path) -> int:
+    """One f16 KV block of the model, as the runner sizes its budget."""
+    with read_gguf(path) as g:
+        return kv_block_bytes(ModelConfig.from_gguf(g), "f16")
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +65,7 @@ def test_the_real_model_batched_matches_alone(real_model):
 
 
 def test_preemption_under_a_tiny_kv_budget_still_gives_the_same_tokens(synth):
-    probe = LLM(str(synth), threads=1, parallel=1, ctx=64)
-    block = probe._runner.kv.nbytes // probe._runner.kv.num_blocks
+    block = block_bytes(synth)
     # 96 tokens for 4 requests of 40
     llm = LLM(str(synth), threads=1, kv_budget=6 * block, batch_invariant=True)
     batch = prompts(llm.config.vocab_size, [20, 20, 20, 20], seed=1)
@@ -69,8 +77,7 @@ def test_preemption_under_a_tiny_kv_budget_still_gives_the_same_tokens(synth):
 
 
 def test_a_request_that_could_never_fit_is_refused_at_admission(synth):
-    probe = LLM(str(synth), threads=1, parallel=1, ctx=64)
-    block = probe._runner.kv.nbytes // probe._runner.kv.num_blocks
+    block = block_bytes(synth)
     llm = LLM(str(synth), threads=1, kv_budget=2 * block)  # 32 tokens
     with pytest.raises(RequestTooLargeError, match="KV cache holds 32 tokens"):
         llm.generate([[1] * 10], SamplingParams(max_tokens=30))
@@ -166,8 +173,7 @@ def test_a_sequences_logits_do_not_depend_on_its_batch_mates(synth):
 def test_random_traffic_under_a_small_budget_always_drains(synth):
     """Arrivals mid-run, mixed priorities, aborts and constant preemption: every request ends
     in bounded steps and every block comes back."""
-    probe = LLM(str(synth), threads=1, parallel=1, ctx=64)
-    block = probe._runner.kv.nbytes // probe._runner.kv.num_blocks
+    block = block_bytes(synth)
     llm, engine = engine_with(synth, kv_budget=8 * block, max_num_seqs=4, max_num_batched_tokens=24)
     rng = np.random.default_rng(7)
     vocab = llm.config.vocab_size
