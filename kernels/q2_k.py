@@ -7,14 +7,17 @@ qs[32*h + l].
 
 import numpy as np
 from gguf import GGMLQuantizationType
-from numba import njit, prange
+from numba import njit
 
-from .act_quant import make_matmul_small
+from .block_matmul import block_matmul, fused
+from .floatbits import read_half
 from .kquant_common import I32, QK_K, SUM_GROUP, f16_at
 from .matmul import each_row, row_tile_matmul
 from .registry import QuantType, register
+from .simd import dot_bits
 
 TYPE_SIZE = 84
+f32 = np.float32
 
 
 # raw: [nb*84] uint8 (one row) -> out: [nb*256] float32
@@ -47,44 +50,28 @@ def matmul_rows(raw, x, out):
     row_tile_matmul(dequantize_row, raw, x, out)
 
 
-# raw: [out, nb*84] uint8, xq: [n, in] int8, xd: [n, nb] f32, xs: [n, in/16] int32 -> y: [n, out]
+# acc: [LANES], w: one row's bytes, off: super-block b's offset in w, xr: [in], xsr: [in/16] sums
+# -> adds d * sc * sum(q * xq) of each 16-weight group into acc; returns the mins' share,
+# -dmin * dx * sum(m * group sum of xq) (see block_matmul)
+@njit(cache=True, inline="always")
+def block_dot(acc, w, off, xr, xsr, b, dx):
+    d = read_half(w, off + 80) * dx
+    mins = 0
+    for h in range(2):
+        for s in range(4):
+            j = 8 * h + 2 * s  # scale byte of elements 128h + 32s + 0..15; the next: + 16..31
+            lo, hi = w[off + j], w[off + j + 1]
+            q, x0 = off + 16 + 32 * h, b * QK_K + 128 * h + 32 * s
+            dot_bits(acc, w, q, 2 * s, 3, xr, x0, d * f32(lo & 15), d * f32(hi & 15))
+            g = b * 16 + j
+            mins += I32(lo >> 4) * xsr[g] + I32(hi >> 4) * xsr[g + 1]
+    return -read_half(w, off + 82) * dx * f32(mins)
+
+
+# raw: [out, nb*84], x: [n, in] -> out: [n, out]
 @njit(parallel=True, cache=True)
-def matmul_q8(raw, xq, xd, xs, y):
-    nb = raw.shape[1] // TYPE_SIZE
-    for r in prange(raw.shape[0]):
-        w = raw[r]
-        for i in range(xq.shape[0]):
-            xqi = xq[i]
-            xsi = xs[i]
-            acc = np.float32(0.0)
-            for b in range(nb):
-                o = b * TYPE_SIZE
-                isum = 0
-                msum = 0
-                for h in range(2):  # 128-element halves, each in two 16-element rows of groups
-                    for half in range(2):
-                        q0 = o + 16 + 32 * h + 16 * half
-                        x0 = b * QK_K + 128 * h + 16 * half
-                        s0 = I32(0)
-                        s1 = I32(0)
-                        s2 = I32(0)
-                        s3 = I32(0)
-                        for l in range(16):
-                            v = w[q0 + l]
-                            s0 = I32(s0 + I32(v & 3) * I32(xqi[x0 + l]))
-                            s1 = I32(s1 + I32((v >> 2) & 3) * I32(xqi[x0 + 32 + l]))
-                            s2 = I32(s2 + I32((v >> 4) & 3) * I32(xqi[x0 + 64 + l]))
-                            s3 = I32(s3 + I32(v >> 6) * I32(xqi[x0 + 96 + l]))
-                        g = x0 // 16
-                        sc = o + 8 * h + half
-                        isum += (w[sc] & 15) * s0 + (w[sc + 2] & 15) * s1
-                        isum += (w[sc + 4] & 15) * s2 + (w[sc + 6] & 15) * s3
-                        msum += (w[sc] >> 4) * xsi[g] + (w[sc + 2] >> 4) * xsi[g + 2]
-                        msum += (w[sc + 4] >> 4) * xsi[g + 4] + (w[sc + 6] >> 4) * xsi[g + 6]
-                d = f16_at(w, o + 80)
-                dmin = f16_at(w, o + 82)
-                acc += xd[i, b] * (d * np.float32(isum) - dmin * np.float32(msum))
-            y[i, r] = acc
+def matmul_fused(raw, x, out):
+    block_matmul(block_dot, raw, x, out, QK_K, SUM_GROUP)
 
 
 register(
@@ -93,7 +80,7 @@ register(
         block_size=QK_K,
         type_size=TYPE_SIZE,
         dequantize_rows=dequantize_rows,
-        matmul_small=make_matmul_small(matmul_q8, QK_K, SUM_GROUP),
+        matmul_small=fused(matmul_fused),
         # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
         small_n_max=6,
         matmul_rows=matmul_rows,

@@ -6,14 +6,17 @@ qs [32:96] (2-bit values laid out as in Q2_K), 16 x 6-bit scales packed [96:108]
 
 import numpy as np
 from gguf import GGMLQuantizationType
-from numba import njit, prange
+from numba import njit
 
-from .act_quant import make_matmul_small
-from .kquant_common import I32, QK_K, SUM_GROUP, f16_at
+from .block_matmul import block_matmul, fused
+from .floatbits import read_half
+from .kquant_common import QK_K, f16_at
 from .matmul import each_row, row_tile_matmul
 from .registry import QuantType, register
+from .simd import dot_bits_hi
 
 TYPE_SIZE = 110
+f32 = np.float32
 
 
 # w: bytes, o: offset of a block, j: 16-element sub-block 0..15 -> signed 6-bit scale (-32..31)
@@ -57,49 +60,25 @@ def matmul_rows(raw, x, out):
     row_tile_matmul(dequantize_row, raw, x, out)
 
 
-# raw: [out, nb*110] uint8, xq: [n, in] int8, xd: [n, nb] f32, xs: [n, in/16] int32 -> y: [n, out]
+# acc: [LANES], w: one row's bytes, off: super-block b's offset in w, xr: [in] -> adds
+# d * sc * sum((q - 4 * (1 - hbit)) * xq) of each 16-weight group into acc (see block_matmul)
+@njit(cache=True, inline="always")
+def block_dot(acc, w, off, xr, xsr, b, dx):
+    d = read_half(w, off + 108) * dx
+    for h in range(2):
+        for s in range(4):
+            j = 8 * h + 2 * s  # scale of elements 128h + 32s + 0..15; the next: + 16..31
+            s_lo, s_hi = d * f32(scale_q3k(w, off, j)), d * f32(scale_q3k(w, off, j + 1))
+            q, x0 = off + 32 + 32 * h, b * QK_K + 128 * h + 32 * s
+            # hbit set: q; clear: q - 4. So q | hbit << 2, minus 4
+            dot_bits_hi(acc, w, q, 2 * s, 3, off, 4 * h + s, 1, 2, 4, xr, x0, s_lo, s_hi)
+    return f32(0.0)
+
+
+# raw: [out, nb*110], x: [n, in] -> out: [n, out]
 @njit(parallel=True, cache=True)
-def matmul_q8(raw, xq, xd, xs, y):
-    nb = raw.shape[1] // TYPE_SIZE
-    for r in prange(raw.shape[0]):
-        w = raw[r]
-        for i in range(xq.shape[0]):
-            xqi = xq[i]
-            acc = np.float32(0.0)
-            for b in range(nb):
-                o = b * TYPE_SIZE
-                blk = w[o : o + TYPE_SIZE]
-                xb = xqi[b * QK_K : (b + 1) * QK_K]
-                bsum = np.float32(0.0)
-                for h in range(2):  # 128-element halves, each in two 16-element rows of groups
-                    m = 1 << (4 * h)  # hmask bit of group 4h + s is m << s
-                    for half in range(2):
-                        q0 = 32 + 32 * h + 16 * half
-                        m0 = 16 * half
-                        x0 = 128 * h + 16 * half
-                        s0 = I32(0)
-                        s1 = I32(0)
-                        s2 = I32(0)
-                        s3 = I32(0)
-                        for l in range(16):
-                            v = blk[q0 + l]
-                            hm = blk[m0 + l]
-                            # q = 2-bit value - 4 where the hmask bit is clear
-                            q = I32(v & 3) - I32(hm & m == 0) * 4
-                            s0 = I32(s0 + q * I32(xb[x0 + l]))
-                            q = I32((v >> 2) & 3) - I32(hm & (m << 1) == 0) * 4
-                            s1 = I32(s1 + q * I32(xb[x0 + 32 + l]))
-                            q = I32((v >> 4) & 3) - I32(hm & (m << 2) == 0) * 4
-                            s2 = I32(s2 + q * I32(xb[x0 + 64 + l]))
-                            q = I32(v >> 6) - I32(hm & (m << 3) == 0) * 4
-                            s3 = I32(s3 + q * I32(xb[x0 + 96 + l]))
-                        j = 8 * h + half
-                        t = scale_q3k(blk, 0, j) * s0 + scale_q3k(blk, 0, j + 2) * s1
-                        t += scale_q3k(blk, 0, j + 4) * s2 + scale_q3k(blk, 0, j + 6) * s3
-                        # a float (ordered) sum here keeps LLVM vectorizing the inner loop, not this
-                        bsum += np.float32(t)
-                acc += xd[i, b] * f16_at(blk, 108) * bsum
-            y[i, r] = acc
+def matmul_fused(raw, x, out):
+    block_matmul(block_dot, raw, x, out, QK_K, 0)
 
 
 register(
@@ -108,7 +87,7 @@ register(
         block_size=QK_K,
         type_size=TYPE_SIZE,
         dequantize_rows=dequantize_rows,
-        matmul_small=make_matmul_small(matmul_q8, QK_K, SUM_GROUP),
+        matmul_small=fused(matmul_fused),
         # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
         small_n_max=3,
         matmul_rows=matmul_rows,

@@ -5,16 +5,19 @@ Byte j of a block holds element j (low nibble) and element j + 16 (high nibble).
 
 import numpy as np
 from gguf import GGMLQuantizationType
-from numba import njit, prange
+from numba import njit
 
-from .act_quant import make_matmul_small
+from .block_matmul import block_matmul, fused
+from .floatbits import read_half
 from .kquant_common import f16_at
 from .matmul import each_row, row_tile_matmul
-from .q4_0 import SIXTEENTH, half_at, nibble_pair_dot
+from .q4_0 import SIXTEENTH
 from .registry import QuantType, register
+from .simd import dot_u4
 
 BLOCK, TYPE_SIZE = 32, 20
-i16, i32, f32 = np.int16, np.int32, np.float32
+i32, f32 = np.int32, np.float32
+U0 = np.uint8(0)
 
 
 # raw: [nb * 20] (one row) -> out: [nb * 32]
@@ -50,49 +53,19 @@ def matmul_rows(raw, x, out):
     row_tile_matmul(dequantize_row, raw, x, out)
 
 
-# raw: [out, nb * 20], xq: [n, in] int8, xd/xs: [n, nb] -> out: [n, out]
-# As Q4_0's kernel (int16 lanes on q - 8, four rows per activation load). Over a block,
-# sum(w * x) = dx * (d * sum(q * xq) + m * xs) with sum(q * xq) = sum((q - 8) * xq) + 8 * xs.
-@njit(parallel=True, cache=True, fastmath=True)
-def _matmul_q8act(raw, xq, xd, xs, out):
-    rows = raw.shape[0]
-    n, k = xq.shape
-    nb = xd.shape[1]
-    half = k // nb // 2  # runtime count: a constant 16 gets fully unrolled and stays scalar
-    w3 = raw.reshape(rows, nb, TYPE_SIZE)
-    x3 = xq.reshape(n, nb, BLOCK)
-    last = rows - 1
-    for c in prange((rows + 3) // 4):
-        r0 = 4 * c
-        r1, r2, r3 = min(r0 + 1, last), min(r0 + 2, last), min(r0 + 3, last)
-        for t in range(n):
-            a0 = a1 = a2 = a3 = f32(0.0)
-            for b in range(nb):
-                s0 = s1 = s2 = s3 = i16(0)
-                for j in range(half):
-                    xl = i16(x3[t, b, j])
-                    xh = i16(x3[t, b, half + j])
-                    s0 = np.add(s0, nibble_pair_dot(w3[r0, b, 4 + j], xl, xh))
-                    s1 = np.add(s1, nibble_pair_dot(w3[r1, b, 4 + j], xl, xh))
-                    s2 = np.add(s2, nibble_pair_dot(w3[r2, b, 4 + j], xl, xh))
-                    s3 = np.add(s3, nibble_pair_dot(w3[r3, b, 4 + j], xl, xh))
-                dx = xd[t, b]
-                sx = f32(xs[t, b])
-                d = half_at(w3, r0, b, 0)
-                a0 += dx * (d * f32(s0) + (f32(8.0) * d + half_at(w3, r0, b, 2)) * sx)
-                d = half_at(w3, r1, b, 0)
-                a1 += dx * (d * f32(s1) + (f32(8.0) * d + half_at(w3, r1, b, 2)) * sx)
-                d = half_at(w3, r2, b, 0)
-                a2 += dx * (d * f32(s2) + (f32(8.0) * d + half_at(w3, r2, b, 2)) * sx)
-                d = half_at(w3, r3, b, 0)
-                a3 += dx * (d * f32(s3) + (f32(8.0) * d + half_at(w3, r3, b, 2)) * sx)
-            out[t, r0] = a0
-            if r0 + 1 <= last:
-                out[t, r1] = a1
-            if r0 + 2 <= last:
-                out[t, r2] = a2
-            if r0 + 3 <= last:
-                out[t, r3] = a3
+# acc: [LANES], w: one row's bytes, off: block b's offset in w, xr: [in] int8, xsr: [nb] sums of
+# xr's blocks -> adds d * dx * sum(q * xq) of block b into acc; returns the min's share,
+# m * dx * sum(xq) (see block_matmul)
+@njit(cache=True, inline="always")
+def block_dot(acc, w, off, xr, xsr, b, dx):
+    dot_u4(acc, w, off + 4, U0, xr, b * BLOCK, read_half(w, off) * dx)
+    return read_half(w, off + 2) * dx * f32(xsr[b])
+
+
+# raw: [out, nb * 20], x: [n, in] -> out: [n, out]
+@njit(parallel=True, cache=True)
+def matmul_fused(raw, x, out):
+    block_matmul(block_dot, raw, x, out, BLOCK, BLOCK)
 
 
 UNIT = register(
@@ -101,7 +74,7 @@ UNIT = register(
         block_size=BLOCK,
         type_size=TYPE_SIZE,
         dequantize_rows=dequantize_rows,
-        matmul_small=make_matmul_small(_matmul_q8act, BLOCK, BLOCK),
+        matmul_small=fused(matmul_fused),
         # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
         small_n_max=2,
         matmul_rows=matmul_rows,

@@ -6,14 +6,17 @@ qs [16:144]: byte c*32+l holds sub-block 2c (low nibble) and 2c+1 (high nibble),
 
 import numpy as np
 from gguf import GGMLQuantizationType
-from numba import njit, prange
+from numba import njit
 
-from .act_quant import make_matmul_small
+from .block_matmul import block_matmul, fused
+from .floatbits import read_half
 from .kquant_common import I32, QK_K, SUM_GROUP, f16_at, scale_min_k4
 from .matmul import each_row, row_tile_matmul
 from .registry import QuantType, register
+from .simd import dot_bits
 
 TYPE_SIZE = 144
+f32 = np.float32
 SIXTEENTH = np.float32(1.0 / 16)  # a nibble's weight in the high half of its byte
 
 
@@ -53,38 +56,29 @@ def matmul_rows(raw, x, out):
     row_tile_matmul(dequantize_row, raw, x, out)
 
 
-# raw: [out, nb*144] uint8, xq: [n, in] int8, xd: [n, nb] f32, xs: [n, in/16] int32 -> y: [n, out]
+# acc: [LANES], w: one row's bytes, off: super-block b's offset in w, xr: [in], xsr: [in/16] sums
+# -> adds d * sc_j * sum(q * xq) of each sub-block j into acc; returns the mins' share,
+# -dmin * dx * sum(m_j * sub-block sum of xq) (see block_matmul)
+@njit(cache=True, inline="always")
+def block_dot(acc, w, off, xr, xsr, b, dx):
+    d = read_half(w, off) * dx
+    mins = 0
+    for c in range(4):  # 32 bytes of qs: sub-block 2c in the low nibbles, 2c + 1 in the high
+        sc0, m0 = scale_min_k4(w, off + 4, 2 * c)
+        sc1, m1 = scale_min_k4(w, off + 4, 2 * c + 1)
+        s0, s1 = d * f32(sc0), d * f32(sc1)
+        q, x0 = off + 16 + 32 * c, b * QK_K + 64 * c
+        dot_bits(acc, w, q, 0, 15, xr, x0, s0, s0)
+        dot_bits(acc, w, q, 4, 15, xr, x0 + 32, s1, s1)
+        g = b * 16 + 4 * c
+        mins += m0 * (xsr[g] + xsr[g + 1]) + m1 * (xsr[g + 2] + xsr[g + 3])
+    return -read_half(w, off + 2) * dx * f32(mins)
+
+
+# raw: [out, nb*144], x: [n, in] -> out: [n, out]
 @njit(parallel=True, cache=True)
-def matmul_q8(raw, xq, xd, xs, y):
-    nb = raw.shape[1] // TYPE_SIZE
-    for r in prange(raw.shape[0]):
-        w = raw[r]
-        for i in range(xq.shape[0]):
-            xqi = xq[i]
-            xsi = xs[i]
-            acc = np.float32(0.0)
-            for b in range(nb):
-                o = b * TYPE_SIZE
-                isum = 0
-                msum = 0
-                for c in range(4):  # 32 bytes: sub-block 2c in low nibbles, 2c+1 in high
-                    sc0, m0 = scale_min_k4(w, o + 4, 2 * c)
-                    sc1, m1 = scale_min_k4(w, o + 4, 2 * c + 1)
-                    q0 = o + 16 + 32 * c
-                    x0 = b * QK_K + 64 * c
-                    s0 = I32(0)
-                    s1 = I32(0)
-                    for l in range(32):
-                        v = w[q0 + l]
-                        s0 = I32(s0 + I32(v & 15) * I32(xqi[x0 + l]))
-                        s1 = I32(s1 + I32(v >> 4) * I32(xqi[x0 + 32 + l]))
-                    isum += sc0 * s0 + sc1 * s1
-                    g = x0 // 16
-                    msum += m0 * (xsi[g] + xsi[g + 1]) + m1 * (xsi[g + 2] + xsi[g + 3])
-                d = f16_at(w, o)
-                dmin = f16_at(w, o + 2)
-                acc += xd[i, b] * (d * np.float32(isum) - dmin * np.float32(msum))
-            y[i, r] = acc
+def matmul_fused(raw, x, out):
+    block_matmul(block_dot, raw, x, out, QK_K, SUM_GROUP)
 
 
 register(
@@ -93,7 +87,7 @@ register(
         block_size=QK_K,
         type_size=TYPE_SIZE,
         dequantize_rows=dequantize_rows,
-        matmul_small=make_matmul_small(matmul_q8, QK_K, SUM_GROUP),
+        matmul_small=fused(matmul_fused),
         # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
         small_n_max=2,
         matmul_rows=matmul_rows,

@@ -5,17 +5,17 @@ j - 16, plus bit j of qh as bit 4.
 
 import numpy as np
 from gguf import GGMLQuantizationType
-from numba import njit, prange
+from numba import njit
 
-from .act_quant import make_matmul_small
-from .floatbits import load_half, load_u32
+from .block_matmul import block_matmul, fused
+from .floatbits import load_half, load_u32, read_half
 from .matmul import each_row, row_tile_matmul
-from .q4_0 import half_at, nibble_pair_dot
-from .q5_0 import BITS, bit_pair_dot, fifth_bits
 from .registry import QuantType, register
+from .simd import dot_u5
 
 BLOCK, TYPE_SIZE = 32, 24
-i16, u32, f32 = np.int16, np.uint32, np.float32
+u32, f32 = np.uint32, np.float32
+U0 = np.uint8(0)
 
 
 # raw: [nb * 24] (one row) -> out: [nb * 32]
@@ -47,48 +47,19 @@ def matmul_rows(raw, x, out):
     row_tile_matmul(dequantize_row, raw, x, out)
 
 
-# raw: [out, nb * 24], xq: [n, in] int8, xd/xs: [n, nb] -> out: [n, out]
-# As Q5_0's kernel: q = (low nibble - 8) + 16 * fifth bit + 8, so over a block
-# sum(w * x) = dx * (d * (s + 16 * h + 8 * xs) + m * xs), s and h in int16 lanes.
-@njit(parallel=True, cache=True, fastmath=True)
-def _matmul_q8act(raw, xq, xd, xs, out):
-    rows = raw.shape[0]
-    n, k = xq.shape
-    nb = xd.shape[1]
-    half = k // nb // 2  # runtime count: a constant 16 gets fully unrolled and stays scalar
-    w3 = raw.reshape(rows, nb, TYPE_SIZE)
-    x3 = xq.reshape(n, nb, BLOCK)
-    last = rows - 1
-    for c in prange((rows + 1) // 2):
-        r0 = 2 * c
-        r1 = min(r0 + 1, last)
-        for t in range(n):
-            a0 = a1 = f32(0.0)
-            for b in range(nb):
-                lo0, hi0 = fifth_bits(w3, r0, b, 4)
-                lo1, hi1 = fifth_bits(w3, r1, b, 4)
-                s0 = s1 = h0 = h1 = i16(0)
-                for j in range(half):
-                    xl = i16(x3[t, b, j])
-                    xh = i16(x3[t, b, half + j])
-                    bit = BITS[j]
-                    s0 = np.add(s0, nibble_pair_dot(w3[r0, b, 8 + j], xl, xh))
-                    s1 = np.add(s1, nibble_pair_dot(w3[r1, b, 8 + j], xl, xh))
-                    h0 = np.add(h0, bit_pair_dot(lo0, hi0, bit, xl, xh))
-                    h1 = np.add(h1, bit_pair_dot(lo1, hi1, bit, xl, xh))
-                dx = xd[t, b]
-                sx = xs[t, b]
-                a0 += dx * (
-                    half_at(w3, r0, b, 0) * f32(s0 + 16 * h0 + 8 * sx)
-                    + half_at(w3, r0, b, 2) * f32(sx)
-                )
-                a1 += dx * (
-                    half_at(w3, r1, b, 0) * f32(s1 + 16 * h1 + 8 * sx)
-                    + half_at(w3, r1, b, 2) * f32(sx)
-                )
-            out[t, r0] = a0
-            if r0 + 1 <= last:
-                out[t, r1] = a1
+# acc: [LANES], w: one row's bytes, off: block b's offset in w, xr: [in] int8, xsr: [nb] sums of
+# xr's blocks -> adds d * dx * sum(q * xq) of block b into acc; returns the min's share,
+# m * dx * sum(xq) (see block_matmul)
+@njit(cache=True, inline="always")
+def block_dot(acc, w, off, xr, xsr, b, dx):
+    dot_u5(acc, w, off + 8, off + 4, U0, xr, b * BLOCK, read_half(w, off) * dx)
+    return read_half(w, off + 2) * dx * f32(xsr[b])
+
+
+# raw: [out, nb * 24], x: [n, in] -> out: [n, out]
+@njit(parallel=True, cache=True)
+def matmul_fused(raw, x, out):
+    block_matmul(block_dot, raw, x, out, BLOCK, BLOCK)
 
 
 UNIT = register(
@@ -97,7 +68,7 @@ UNIT = register(
         block_size=BLOCK,
         type_size=TYPE_SIZE,
         dequantize_rows=dequantize_rows,
-        matmul_small=make_matmul_small(_matmul_q8act, BLOCK, BLOCK),
+        matmul_small=fused(matmul_fused),
         # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
         small_n_max=1,
         matmul_rows=matmul_rows,

@@ -7,14 +7,17 @@ ql[64*h + 32*(s & 1) + l] (nibble s >> 1), high 2 bits from qh[32*h + l] >> 2*s.
 
 import numpy as np
 from gguf import GGMLQuantizationType
-from numba import njit, prange
+from numba import njit
 
-from .act_quant import make_matmul_small
-from .kquant_common import I32, QK_K, SUM_GROUP, f16_at
+from .block_matmul import block_matmul, fused
+from .floatbits import read_half
+from .kquant_common import I32, QK_K, f16_at
 from .matmul import each_row, row_tile_matmul
 from .registry import QuantType, register
+from .simd import dot_bits_hi
 
 TYPE_SIZE = 210
+f32 = np.float32
 
 
 # b: a byte -> its value as int8 (-128..127)
@@ -66,56 +69,42 @@ def matmul_rows(raw, x, out):
     row_tile_matmul(dequantize_row, raw, x, out)
 
 
-# raw: [out, nb*210] uint8, xq: [n, in] int8, xd: [n, nb] f32, xs: [n, in/16] int32 -> y: [n, out]
+# w: bytes, i: offset of an int8 scale, d: block scale -> d * scale
+@njit(cache=True, inline="always")
+def scale(w, i, d):
+    return d * f32(i8(w[i]))
+
+
+# acc: [LANES], w: one row's bytes, off: super-block b's offset in w, xr: [in] -> adds
+# d * sc * sum((q - 32) * xq) of each 16-weight group into acc (see block_matmul)
+@njit(cache=True, inline="always")
+def block_dot(acc, w, off, xr, xsr, b, dx):
+    d = read_half(w, off + 208) * dx
+    for h in range(2):  # elements 128h + 32s + l: low bits in ql, 2 high bits in qh
+        sc, ql, qh, x0 = off + 192 + 8 * h, off + 64 * h, off + 128 + 32 * h, b * QK_K + 128 * h
+        s0, s1, s2, s3 = (
+            scale(w, sc, d),
+            scale(w, sc + 1, d),
+            scale(w, sc + 2, d),
+            scale(w, sc + 3, d),
+        )
+        s4, s5, s6, s7 = (
+            scale(w, sc + 4, d),
+            scale(w, sc + 5, d),
+            scale(w, sc + 6, d),
+            scale(w, sc + 7, d),
+        )
+        dot_bits_hi(acc, w, ql, 0, 15, qh, 0, 3, 4, 32, xr, x0, s0, s1)
+        dot_bits_hi(acc, w, ql + 32, 0, 15, qh, 2, 3, 4, 32, xr, x0 + 32, s2, s3)
+        dot_bits_hi(acc, w, ql, 4, 15, qh, 4, 3, 4, 32, xr, x0 + 64, s4, s5)
+        dot_bits_hi(acc, w, ql + 32, 4, 15, qh, 6, 3, 4, 32, xr, x0 + 96, s6, s7)
+    return f32(0.0)
+
+
+# raw: [out, nb*210], x: [n, in] -> out: [n, out]
 @njit(parallel=True, cache=True)
-def matmul_q8(raw, xq, xd, xs, y):
-    nb = raw.shape[1] // TYPE_SIZE
-    for r in prange(raw.shape[0]):
-        w = raw[r]
-        for i in range(xq.shape[0]):
-            xqi = xq[i]
-            xsi = xs[i]
-            acc = np.float32(0.0)
-            for b in range(nb):
-                o = b * TYPE_SIZE
-                blk = w[o : o + TYPE_SIZE]
-                xb = xqi[b * QK_K : (b + 1) * QK_K]
-                xsb = xsi[b * 16 : (b + 1) * 16]
-                bsum = np.float32(0.0)
-                for h in range(2):  # 128-element halves, each in two 16-element rows of groups
-                    for half in range(2):
-                        a0 = 64 * h + 16 * half
-                        c0 = 128 + 32 * h + 16 * half
-                        x0 = 128 * h + 16 * half
-                        s0 = I32(0)
-                        s1 = I32(0)
-                        s2 = I32(0)
-                        s3 = I32(0)
-                        # q = low 4 bits + 16 * high 2 bits, each summed on its own: the simple
-                        # masks let LLVM keep the lanes 16 bits wide
-                        for l in range(16):
-                            lo = blk[a0 + l]
-                            hi = blk[a0 + 32 + l]
-                            c = blk[c0 + l]
-                            x_0 = I32(xb[x0 + l])
-                            x_1 = I32(xb[x0 + 32 + l])
-                            x_2 = I32(xb[x0 + 64 + l])
-                            x_3 = I32(xb[x0 + 96 + l])
-                            s0 = I32(s0 + I32(lo & 15) * x_0 + I32(c & 3) * 16 * x_0)
-                            s1 = I32(s1 + I32(hi & 15) * x_1 + I32((c >> 2) & 3) * 16 * x_1)
-                            s2 = I32(s2 + I32(lo >> 4) * x_2 + I32((c >> 4) & 3) * 16 * x_2)
-                            s3 = I32(s3 + I32(hi >> 4) * x_3 + I32(c >> 6) * 16 * x_3)
-                        # q is stored +32: sum((q - 32) * x) = sum(q * x) - 32 * sum(x)
-                        g = x0 // 16
-                        sc = 192 + 8 * h + half
-                        t = i8(blk[sc]) * (s0 - 32 * xsb[g])
-                        t += i8(blk[sc + 2]) * (s1 - 32 * xsb[g + 2])
-                        t += i8(blk[sc + 4]) * (s2 - 32 * xsb[g + 4])
-                        t += i8(blk[sc + 6]) * (s3 - 32 * xsb[g + 6])
-                        # a float (ordered) sum here keeps LLVM vectorizing the inner loop, not this
-                        bsum += np.float32(t)
-                acc += xd[i, b] * f16_at(blk, 208) * bsum
-            y[i, r] = acc
+def matmul_fused(raw, x, out):
+    block_matmul(block_dot, raw, x, out, QK_K, 0)
 
 
 register(
@@ -124,7 +113,7 @@ register(
         block_size=QK_K,
         type_size=TYPE_SIZE,
         dequantize_rows=dequantize_rows,
-        matmul_small=make_matmul_small(matmul_q8, QK_K, SUM_GROUP),
+        matmul_small=fused(matmul_fused),
         # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
         small_n_max=3,
         matmul_rows=matmul_rows,

@@ -2,13 +2,14 @@
 
 import numpy as np
 from gguf import GGMLQuantizationType
-from numba import njit, prange
+from numba import njit
 
-from .act_quant import quantize_act
-from .floatbits import load_half
+from .block_matmul import block_matmul, fused
+from .floatbits import read_half
 from .kquant_common import f16_at
 from .matmul import each_row, row_tile_matmul
 from .registry import QuantType, register
+from .simd import dot_i8
 
 BLOCK, TYPE_SIZE = 32, 34
 i32, f32 = np.int32, np.float32
@@ -41,54 +42,18 @@ def matmul_rows(raw, x, out):
     row_tile_matmul(dequantize_row, raw, x, out)
 
 
-# raw/qs: the same bytes as uint8 (scales) and int8 (quants), [out, nb * 34];
-# xq: [n, in] int8, xd: [n, nb] -> out: [n, out]. Four weight rows share each activation load.
-@njit(parallel=True, cache=True, fastmath=True)
-def _matmul_q8act(raw, qs, xq, xd, out):
-    rows = raw.shape[0]
-    n, k = xq.shape
-    nb = xd.shape[1]
-    bs = k // nb  # runtime count: a constant 16/32 gets fully unrolled and stays scalar
-    last = rows - 1
-    for c in prange((rows + 3) // 4):
-        r0 = 4 * c
-        r1, r2, r3 = min(r0 + 1, last), min(r0 + 2, last), min(r0 + 3, last)
-        for t in range(n):
-            a0 = a1 = a2 = a3 = f32(0.0)
-            for b in range(nb):
-                o = b * TYPE_SIZE + 2
-                xo = b * BLOCK
-                s0 = s1 = s2 = s3 = i32(0)
-                for j in range(bs):
-                    xv = xq[t, xo + j]
-                    s0 = i32(s0 + i32(qs[r0, o + j] * xv))
-                    s1 = i32(s1 + i32(qs[r1, o + j] * xv))
-                    s2 = i32(s2 + i32(qs[r2, o + j] * xv))
-                    s3 = i32(s3 + i32(qs[r3, o + j] * xv))
-                dx = xd[t, b]
-                a0 += load_half(raw, r0, o - 2) * dx * f32(s0)
-                a1 += load_half(raw, r1, o - 2) * dx * f32(s1)
-                a2 += load_half(raw, r2, o - 2) * dx * f32(s2)
-                a3 += load_half(raw, r3, o - 2) * dx * f32(s3)
-            out[t, r0] = a0
-            if r0 + 1 <= last:
-                out[t, r1] = a1
-            if r0 + 2 <= last:
-                out[t, r2] = a2
-            if r0 + 3 <= last:
-                out[t, r3] = a3
+# acc: [LANES], w: one row's bytes, off: block b's offset in w, xr: [in] int8 -> adds
+# d * dx * sum(q * xq) of block b into acc (see block_matmul)
+@njit(cache=True, inline="always")
+def block_dot(acc, w, off, xr, xsr, b, dx):
+    dot_i8(acc, w, off + 2, xr, b * BLOCK, read_half(w, off) * dx)
+    return f32(0.0)
 
 
-def repack(raw):
-    # an int8 view of the same bytes (no copy): the quants are signed
-    return raw, raw.view(np.int8)
-
-
-def matmul_small(packed, x, out):
-    # x: [n, in], packed: (raw u8, raw i8) [out, nb * 34] -> out: [n, out]
-    raw, qs = packed
-    xq, xd, _ = quantize_act(x, BLOCK)
-    _matmul_q8act(raw, qs, xq, xd, out)
+# raw: [out, nb * 34], x: [n, in] -> out: [n, out]
+@njit(parallel=True, cache=True)
+def matmul_fused(raw, x, out):
+    block_matmul(block_dot, raw, x, out, BLOCK, 0)
 
 
 UNIT = register(
@@ -97,10 +62,9 @@ UNIT = register(
         block_size=BLOCK,
         type_size=TYPE_SIZE,
         dequantize_rows=dequantize_rows,
-        matmul_small=matmul_small,
+        matmul_small=fused(matmul_fused),
         # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
         small_n_max=2,
         matmul_rows=matmul_rows,
-        repack=repack,
     )
 )

@@ -20,7 +20,8 @@ Unit interface (what a unit module provides):
   float; packed: the tuple from `repack`, x: float32[n, in] (C), out: float32[n, out] (C) -> None.
   Multi-threaded with prange (the caller has applied the `kernels.threads` knob); BLAS-backed
   work is split with `kernels.threads.run_split` (BLAS itself runs single-threaded).
-  Integer-activation kernels quantize x with `kernels.act_quant.quantize_act(x, block, group)`.
+  The quantized units build it on `kernels.block_matmul` (int8 activations, one dot product per
+  block written by the unit).
 - `small_n_max`: largest n routed to `matmul_small` (matmul_small None: no fused kernel).
   Set it from measurement: the n where `matmul_rows` becomes faster.
 - `dequantize_row(raw, out)`: serial `@njit(cache=True)`, raw: uint8[row_bytes] (one row),

@@ -1,0 +1,227 @@
+"""Vector building blocks written as portable LLVM IR through Numba intrinsics.
+
+Numba's loop vectorizer widens an int8 dot product to int32 lanes (one vpmulld per 8 products on
+x86) and reduces it horizontally at every 32-weight block. Written directly as IR, a block's
+dot product is sign-extended int16 products summed in pairs, a shape LLVM lowers to each target's
+multiply-add-pairs instruction (vpmaddwd on x86, smull + addp on ARM), and its 8 partial sums
+are scaled into 8 float lanes that stay lanes until the row ends. No instruction set is named:
+LLVM picks the instructions for the machine it compiles on.
+
+Every function here reads raw pointers without bounds checks: callers pass 1-D C-contiguous
+arrays and offsets they have checked (weight rows validated by the loader, activations of whole
+blocks).
+"""
+
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+LANES = 8  # float accumulators per row: the width of one 256-bit vector
+_I1, _I8, _I16, _I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
+_F32 = ir.FloatType()
+
+
+def _const(v):
+    return ir.Constant(_I32, v)
+
+
+def _vec(t, n):
+    return ir.VectorType(t, n)
+
+
+def _ptr(context, builder, array_type, array, offset):
+    data = context.make_array(array_type)(context, builder, array).data
+    return builder.gep(data, [offset])
+
+
+def _load(builder, ptr, t):
+    return builder.load(builder.bitcast(ptr, t.as_pointer()), align=1)
+
+
+def _splat(builder, value, n):
+    v = builder.insert_element(ir.Constant(_vec(value.type, n), None), value, ir.Constant(_I32, 0))
+    return builder.shuffle_vector(v, v, ir.Constant(_vec(_I32, n), [0] * n))
+
+
+def _pick(builder, v, idx):
+    idx = list(idx)
+    return builder.shuffle_vector(v, v, ir.Constant(_vec(_I32, len(idx)), idx))
+
+
+def _pair_sums(builder, w, x):
+    # w, x: <32 x i8 | i16> -> <16 x i32>, lane i = w[2i] * x[2i] + w[2i+1] * x[2i+1]: the shape
+    # LLVM turns into multiply-add-pairs instructions
+    prod = builder.mul(builder.sext(w, _vec(_I32, 32)), builder.sext(x, _vec(_I32, 32)))
+    return builder.add(_pick(builder, prod, range(0, 32, 2)), _pick(builder, prod, range(1, 32, 2)))
+
+
+def _scaled(builder, sums, scale):
+    # <8 x i32> -> <8 x float> times scale
+    as_float = builder.sitofp(sums, _vec(_F32, LANES))
+    return builder.fmul(as_float, _splat(builder, scale, LANES), flags=["contract"])
+
+
+def _add_to(context, builder, acc_type, acc, parts):
+    # acc: float32[8] array; acc[0:8] += sum of parts (<8 x float> each)
+    ptr = _ptr(context, builder, acc_type, acc, ir.Constant(_I32, 0))
+    ptr = builder.bitcast(ptr, _vec(_F32, LANES).as_pointer())
+    total = builder.load(ptr, align=4)
+    for part in parts:
+        total = builder.fadd(total, part, flags=["contract"])
+    builder.store(total, ptr, align=4)
+
+
+def _accumulate_dot(context, builder, acc_type, acc, w, x, scale):
+    # w, x: <32 x i8 | i16> -> acc[0:8] += scale * (lane i: products 2i, 2i+1, 2i+16, 2i+17)
+    pairs = _pair_sums(builder, w, x)
+    sums = builder.add(_pick(builder, pairs, range(8)), _pick(builder, pairs, range(8, 16)))
+    _add_to(context, builder, acc_type, acc, [_scaled(builder, sums, scale)])
+
+
+def _accumulate_dot_halves(context, builder, acc_type, acc, w, x, scale_lo, scale_hi):
+    # as _accumulate_dot, with products 0..15 times scale_lo and 16..31 times scale_hi
+    pairs = _pair_sums(builder, w, x)
+    low = _scaled(builder, _pick(builder, pairs, range(8)), scale_lo)
+    high = _scaled(builder, _pick(builder, pairs, range(8, 16)), scale_hi)
+    _add_to(context, builder, acc_type, acc, [low, high])
+
+
+def _activations(context, builder, array_type, array, offset):
+    # 32 int8 or int16 activations (int16: no widening per weight row that reuses them)
+    t = ir.IntType(array_type.dtype.bitwidth)
+    return _load(builder, _ptr(context, builder, array_type, array, offset), _vec(t, 32))
+
+
+def _nibbles(builder, ptr):
+    # 16 bytes at ptr -> <32 x i8>: the low nibbles of bytes 0..15, then their high nibbles
+    b = _load(builder, ptr, _vec(_I8, 16))
+    low = builder.and_(b, _splat(builder, ir.Constant(_I8, 15), 16))
+    high = builder.lshr(b, _splat(builder, ir.Constant(_I8, 4), 16))
+    return builder.shuffle_vector(low, high, ir.Constant(_vec(_I32, 32), list(range(32))))
+
+
+@intrinsic
+def prefetch(typingctx, a, i):
+    """Hint that a[i] (a 1-D array) will be read soon; safe past the end (a hint never faults)."""
+
+    def codegen(context, builder, sig, args):
+        ptr = builder.bitcast(
+            _ptr(context, builder, sig.args[0], args[0], args[1]), _I8.as_pointer()
+        )
+        fn = builder.module.declare_intrinsic(
+            "llvm.prefetch",
+            [ptr.type],
+            ir.FunctionType(ir.VoidType(), [ptr.type, _I32, _I32, _I32]),
+        )
+        # read, high temporal locality, data cache
+        builder.call(fn, [ptr, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+        return context.get_dummy_value()
+
+    return types.void(a, i), codegen
+
+
+@intrinsic
+def read_u16(typingctx, w, i):
+    """The little-endian uint16 at bytes w[i:i+2], as uint32 (an index without Numba's
+    negative-index check: a per-block scale sits in the hot loop)."""
+
+    def codegen(context, builder, sig, args):
+        return builder.zext(_load(builder, _ptr(context, builder, sig.args[0], *args), _I16), _I32)
+
+    return types.uint32(w, i), codegen
+
+
+@intrinsic
+def dot_i8(typingctx, acc, w, wi, x, xi, scale):
+    """acc[0:8] += scale * partial sums of dot(w[wi:wi+32], x[xi:xi+32]); w, x: int8."""
+
+    def codegen(context, builder, sig, args):
+        acc, w, wi, x, xi, scale = args
+        wv = _load(builder, _ptr(context, builder, sig.args[1], w, wi), _vec(_I8, 32))
+        xv = _activations(context, builder, sig.args[3], x, xi)
+        _accumulate_dot(context, builder, sig.args[0], acc, wv, xv, scale)
+        return context.get_dummy_value()
+
+    return types.void(acc, w, wi, x, xi, types.float32), codegen
+
+
+@intrinsic
+def dot_u4(typingctx, acc, w, wi, offset, x, xi, scale):
+    """acc[0:8] += scale * partial sums of dot(q - offset, x[xi:xi+32]), where q are the 32
+    nibbles of the 16 bytes w[wi:wi+16] (low nibbles first); offset: uint8."""
+
+    def codegen(context, builder, sig, args):
+        acc, w, wi, offset, x, xi, scale = args
+        q = _nibbles(builder, _ptr(context, builder, sig.args[1], w, wi))
+        q = builder.sub(q, _splat(builder, offset, 32))
+        xv = _activations(context, builder, sig.args[4], x, xi)
+        _accumulate_dot(context, builder, sig.args[0], acc, q, xv, scale)
+        return context.get_dummy_value()
+
+    return types.void(acc, w, wi, types.uint8, x, xi, types.float32), codegen
+
+
+@intrinsic
+def dot_u5(typingctx, acc, w, wi, hi, offset, x, xi, scale):
+    """As dot_u4, with bit j of the little-endian uint32 at w[hi:hi+4] as bit 4 of nibble j."""
+
+    def codegen(context, builder, sig, args):
+        acc, w, wi, hi, offset, x, xi, scale = args
+        q = _nibbles(builder, _ptr(context, builder, sig.args[1], w, wi))
+        bits = _load(builder, _ptr(context, builder, sig.args[1], w, hi), _I32)
+        fifth = builder.zext(builder.bitcast(bits, _vec(_I1, 32)), _vec(_I8, 32))
+        q = builder.or_(q, builder.shl(fifth, _splat(builder, ir.Constant(_I8, 4), 32)))
+        q = builder.sub(q, _splat(builder, offset, 32))
+        xv = _activations(context, builder, sig.args[5], x, xi)
+        _accumulate_dot(context, builder, sig.args[0], acc, q, xv, scale)
+        return context.get_dummy_value()
+
+    return types.void(acc, w, wi, hi, types.uint8, x, xi, types.float32), codegen
+
+
+def _bits(builder, ptr, shift, mask):
+    # 32 bytes at ptr -> <32 x i8>: (byte >> shift) & mask
+    b = _load(builder, ptr, _vec(_I8, 32))
+    return builder.and_(builder.lshr(b, _splat(builder, shift, 32)), _splat(builder, mask, 32))
+
+
+_K_ARGS = (types.uint8, types.uint8)  # shift, mask
+
+
+@intrinsic
+def dot_bits(typingctx, acc, w, wi, shift, mask, x, xi, scale_lo, scale_hi):
+    """acc[0:8] += dot(q[0:16], x[xi:xi+16]) * scale_lo + dot(q[16:32], x[xi+16:xi+32]) *
+    scale_hi, where q = (w[wi:wi+32] >> shift) & mask (the K-quants' 2- and 4-bit fields; their
+    scales change every 16 or 32 weights)."""
+
+    def codegen(context, builder, sig, args):
+        acc, w, wi, shift, mask, x, xi, scale_lo, scale_hi = args
+        q = _bits(builder, _ptr(context, builder, sig.args[1], w, wi), shift, mask)
+        xv = _activations(context, builder, sig.args[5], x, xi)
+        _accumulate_dot_halves(context, builder, sig.args[0], acc, q, xv, scale_lo, scale_hi)
+        return context.get_dummy_value()
+
+    f32 = types.float32
+    return types.void(acc, w, wi, *_K_ARGS, x, xi, f32, f32), codegen
+
+
+@intrinsic
+def dot_bits_hi(
+    typingctx, acc, w, wi, shift, mask, hi, hi_shift, hi_mask, hi_pos, offset, x, xi, s_lo, s_hi
+):
+    """As dot_bits with q = ((w[wi:] >> shift) & mask | ((w[hi:] >> hi_shift) & hi_mask) << hi_pos)
+    - offset: the K-quants whose high bits sit in a separate array (Q3_K, Q5_K, Q6_K)."""
+
+    def codegen(context, builder, sig, args):
+        acc, w, wi, shift, mask, hi, hi_shift, hi_mask, hi_pos, offset, x, xi, s_lo, s_hi = args
+        q = _bits(builder, _ptr(context, builder, sig.args[1], w, wi), shift, mask)
+        high = _bits(builder, _ptr(context, builder, sig.args[1], w, hi), hi_shift, hi_mask)
+        q = builder.or_(q, builder.shl(high, _splat(builder, hi_pos, 32)))
+        q = builder.sub(q, _splat(builder, offset, 32))
+        xv = _activations(context, builder, sig.args[10], x, xi)
+        _accumulate_dot_halves(context, builder, sig.args[0], acc, q, xv, s_lo, s_hi)
+        return context.get_dummy_value()
+
+    u8, f32 = types.uint8, types.float32
+    arg_types = (acc, w, wi, u8, u8, hi, u8, u8, u8, u8, x, xi, f32, f32)
+    return types.void(*arg_types), codegen
