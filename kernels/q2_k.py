@@ -50,6 +50,12 @@ def matmul_rows(raw, x, out):
     row_tile_matmul(dequantize_row, raw, x, out)
 
 
+# w: bytes, i: offset of a scale byte (4-bit scale, 4-bit min), d: block scale -> d * scale
+@njit(cache=True, inline="always")
+def scale(w, i, d):
+    return d * f32(w[i] & 15)
+
+
 # acc: [LANES], w: one row's bytes, off: super-block b's offset in w, xr: [in], xsr: [in/16] sums
 # -> adds d * sc * sum(q * xq) of each 16-weight group into acc; returns the mins' share,
 # -dmin * dx * sum(m * group sum of xq) (see block_matmul)
@@ -57,14 +63,15 @@ def matmul_rows(raw, x, out):
 def block_dot(acc, w, off, xr, xsr, b, dx):
     d = read_half(w, off + 80) * dx
     mins = 0
-    for h in range(2):
-        for s in range(4):
-            j = 8 * h + 2 * s  # scale byte of elements 128h + 32s + 0..15; the next: + 16..31
-            lo, hi = w[off + j], w[off + j + 1]
-            q, x0 = off + 16 + 32 * h, b * QK_K + 128 * h + 32 * s
-            dot_bits(acc, w, q, 2 * s, 3, xr, x0, d * f32(lo & 15), d * f32(hi & 15))
-            g = b * 16 + j
-            mins += I32(lo >> 4) * xsr[g] + I32(hi >> 4) * xsr[g + 1]
+    for h in range(2):  # elements 128h + 32s + l: bits 2s, 2s + 1 of qs byte 32h + l
+        j, q, x0 = off + 8 * h, off + 16 + 32 * h, b * QK_K + 128 * h
+        dot_bits(acc, w, q, 0, 3, xr, x0, scale(w, j, d), scale(w, j + 1, d))
+        dot_bits(acc, w, q, 2, 3, xr, x0 + 32, scale(w, j + 2, d), scale(w, j + 3, d))
+        dot_bits(acc, w, q, 4, 3, xr, x0 + 64, scale(w, j + 4, d), scale(w, j + 5, d))
+        dot_bits(acc, w, q, 6, 3, xr, x0 + 96, scale(w, j + 6, d), scale(w, j + 7, d))
+        g = b * 16 + 8 * h
+        for i in range(8):
+            mins += I32(w[j + i] >> 4) * xsr[g + i]
     return -read_half(w, off + 82) * dx * f32(mins)
 
 

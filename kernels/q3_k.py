@@ -65,13 +65,17 @@ def matmul_rows(raw, x, out):
 @njit(cache=True, inline="always")
 def block_dot(acc, w, off, xr, xsr, b, dx):
     d = read_half(w, off + 108) * dx
-    for h in range(2):
-        for s in range(4):
-            j = 8 * h + 2 * s  # scale of elements 128h + 32s + 0..15; the next: + 16..31
-            s_lo, s_hi = d * f32(scale_q3k(w, off, j)), d * f32(scale_q3k(w, off, j + 1))
-            q, x0 = off + 32 + 32 * h, b * QK_K + 128 * h + 32 * s
-            # hbit set: q; clear: q - 4. So q | hbit << 2, minus 4
-            dot_bits_hi(acc, w, q, 2 * s, 3, off, 4 * h + s, 1, 2, 4, xr, x0, s_lo, s_hi)
+    for h in range(2):  # elements 128h + 32s + l: bits 2s, 2s + 1 of qs byte 32h + l
+        q, x0, j = off + 32 + 32 * h, b * QK_K + 128 * h, 8 * h
+        # hmask bit 4h + s of byte l set: q; clear: q - 4. So q | hbit << 2, minus 4
+        s0, s1 = d * scale_q3k(w, off, j), d * scale_q3k(w, off, j + 1)
+        dot_bits_hi(acc, w, q, 0, 3, off, 4 * h, 1, 2, 4, xr, x0, s0, s1)
+        s0, s1 = d * scale_q3k(w, off, j + 2), d * scale_q3k(w, off, j + 3)
+        dot_bits_hi(acc, w, q, 2, 3, off, 4 * h + 1, 1, 2, 4, xr, x0 + 32, s0, s1)
+        s0, s1 = d * scale_q3k(w, off, j + 4), d * scale_q3k(w, off, j + 5)
+        dot_bits_hi(acc, w, q, 4, 3, off, 4 * h + 2, 1, 2, 4, xr, x0 + 64, s0, s1)
+        s0, s1 = d * scale_q3k(w, off, j + 6), d * scale_q3k(w, off, j + 7)
+        dot_bits_hi(acc, w, q, 6, 3, off, 4 * h + 3, 1, 2, 4, xr, x0 + 96, s0, s1)
     return f32(0.0)
 
 
