@@ -1,14 +1,16 @@
 """The one thread knob, for Numba's parallel kernels and for the BLAS work done by kernels.
 
 Default: physical cores (hyper-threads share one core's load/FMA units, so they add contention,
-not bandwidth). Numba keeps its thread count per calling thread, so `apply()` re-asserts it at
-each kernel call; it is a cheap comparison when nothing changed.
+not bandwidth). Numba keeps its thread count per calling thread, so `apply()` sets it at each
+kernel call from a thread that has not taken the knob's value yet; after that it is one
+thread-local comparison (asking Numba costs about 1 us, and a decode step makes hundreds of calls).
 
 BLAS runs single-threaded and `run_split` parallelises BLAS-backed work over row ranges in a
 small thread pool instead: OpenBLAS's own threads spin-wait, and next to Numba's pool on a busy
 machine a [16, 4096] x [4096, 128] product measured 300 ms with 2 OpenBLAS threads vs 1 ms with one.
 """
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numba
@@ -16,6 +18,7 @@ import psutil
 from threadpoolctl import threadpool_limits
 
 _threads: int | None = None
+_applied = threading.local()  # .count: the knob's value this thread last gave Numba
 _pool: ThreadPoolExecutor | None = None
 
 
@@ -49,8 +52,9 @@ def apply() -> int:
     """Make the calling thread's Numba thread count match the knob; returns it."""
     if _threads is None:
         return set_threads(None)
-    if numba.get_num_threads() != _threads:
+    if getattr(_applied, "count", None) != _threads:
         numba.set_num_threads(_threads)
+        _applied.count = _threads
     return _threads
 
 
