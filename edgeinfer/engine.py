@@ -64,11 +64,16 @@ class Engine:
         max_wait_ms: float = 0.0,
         batch_invariant: bool = False,
     ):
-        if max_num_batched_tokens > PREFILL_CHUNK:
-            # the memory plan budgets activations for at most PREFILL_CHUNK tokens per pass
+        # a step must fit the working memory the runner planned (and checked against RAM)
+        if max_num_batched_tokens > runner.step_tokens:
             raise EdgeInferError(
-                f"max_num_batched_tokens must be at most {PREFILL_CHUNK}, got "
-                f"{max_num_batched_tokens}"
+                f"max_num_batched_tokens must be at most {runner.step_tokens} (the runner's "
+                f"planned step), got {max_num_batched_tokens}"
+            )
+        if min(max_num_seqs, max_num_batched_tokens) > runner.step_logit_rows:
+            raise EdgeInferError(
+                f"max_num_seqs must be at most {runner.step_logit_rows} (the logits the "
+                f"runner's planned step holds), got {max_num_seqs}"
             )
         self.runner = runner
         self.batch_invariant = batch_invariant

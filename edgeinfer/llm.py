@@ -110,6 +110,8 @@ class LLM:
             parallel=parallel,
             kv_budget=kv_budget,
             prefix_caching=prefix_caching,
+            step_tokens=max_num_batched_tokens,
+            step_logit_rows=max_num_seqs,
         )
         self.engine = Engine(
             self._runner, max_num_seqs, max_num_batched_tokens, max_wait_ms, batch_invariant

@@ -105,13 +105,18 @@ def kv_bytes(
     return blocks * per_layer_block * parallel
 
 
-def activation_bytes(cfg: ModelConfig, ctx: int, parallel: int) -> int:
-    tokens = min(PREFILL_CHUNK, ctx)
+def step_bytes(cfg: ModelConfig, tokens: int, logit_rows: int) -> int:
+    """Working memory of one forward pass over `tokens` tokens that returns the logits of
+    `logit_rows` of them (one layer's activations at a time, float32)."""
     q_dim = cfg.n_heads * cfg.head_dim
     kv_dim = cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim)
     attn_out_dim = cfg.n_heads * cfg.v_head_dim
     per_token = 2 * cfg.n_embd + q_dim + kv_dim + attn_out_dim + 2 * cfg.n_ff
-    return tokens * per_token * 4 + parallel * cfg.vocab_size * 4
+    return tokens * per_token * 4 + logit_rows * cfg.vocab_size * 4
+
+
+def activation_bytes(cfg: ModelConfig, ctx: int, parallel: int) -> int:
+    return step_bytes(cfg, min(PREFILL_CHUNK, ctx), parallel)
 
 
 def weights_bytes(g: GGUFFile) -> int:

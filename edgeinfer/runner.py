@@ -25,6 +25,7 @@ from edgeinfer.memory_plan import (
     PREFILL_CHUNK,
     kv_block_bytes,
     kv_num_blocks,
+    step_bytes,
     weights_bytes,
 )
 from edgeinfer.model_config import ModelConfig
@@ -45,7 +46,9 @@ class ModelRunner:
 
     ctx: the longest sequence (default: the model's context length, at most DEFAULT_CTX).
     The KV cache holds `kv_budget` bytes' worth of 16-token blocks if given, else `parallel`
-    sequences of ctx tokens; either way it must fit the RAM available besides the weights.
+    sequences of ctx tokens; either way it must fit the RAM available besides the weights,
+    together with the working memory of the largest step: `step_tokens` tokens, of which
+    `step_logit_rows` (default: parallel) return logits.
     kv_dtype: "f16" (default) or "f32".
     """
 
@@ -58,6 +61,8 @@ class ModelRunner:
         parallel: int = 1,
         kv_budget: int | None = None,
         prefix_caching: bool = True,
+        step_tokens: int = PREFILL_CHUNK,
+        step_logit_rows: int | None = None,
     ):
         from edgeinfer.hub import resolve_model
 
@@ -76,6 +81,12 @@ class ModelRunner:
         self.model = load_model(self.gguf, self.config)
         self._max_context = ctx if ctx is not None else min(self.config.ctx_len, DEFAULT_CTX)
         num_blocks = kv_num_blocks(self.config, self._max_context, parallel, kv_dtype, kv_budget)
+        if not 1 <= step_tokens <= PREFILL_CHUNK:
+            raise EdgeInferError(f"tokens per step must be 1 to {PREFILL_CHUNK}, got {step_tokens}")
+        self.step_tokens = step_tokens
+        self.step_logit_rows = min(step_tokens, step_logit_rows or parallel)
+        self.step_bytes = step_bytes(self.config, step_tokens, self.step_logit_rows)
+        self._step_source = f"{step_tokens} tokens, logits of {self.step_logit_rows}"
         self._check_kv_budget(num_blocks, kv_dtype, kv_budget)
         self.kv = KVCache.for_model(self.config, num_blocks, kv_dtype, prefix_caching)
         self.kv_source = (
@@ -93,15 +104,16 @@ class ModelRunner:
                 f"a KV budget of {human_bytes(kv_budget)} is less than one "
                 f"{BLOCK_SIZE}-token block ({human_bytes(kv_block_bytes(self.config, kv_dtype))})"
             )
-        need = num_blocks * kv_block_bytes(self.config, kv_dtype)
+        kv = num_blocks * kv_block_bytes(self.config, kv_dtype)
         # mapped weights are not resident yet; they will be once the first pass reads them
         available = psutil.virtual_memory().available - weights_bytes(self.gguf)
-        if need > available:
+        if kv + self.step_bytes > available:
             raise EdgeInferError(
                 f"a {kv_dtype} KV cache of {num_blocks * BLOCK_SIZE} tokens needs "
-                f"{human_bytes(need)} but {human_bytes(max(0, available))} of RAM is available "
-                "besides the weights; use a smaller --ctx, --parallel or --kv-budget "
-                "(`edgeinfer info MODEL` shows the largest context that fits)"
+                f"{human_bytes(kv)}, and a step's buffers ({self._step_source}) "
+                f"{human_bytes(self.step_bytes)}, but {human_bytes(max(0, available))} of RAM "
+                "is available besides the weights; use a smaller --ctx, --parallel or "
+                "--kv-budget (`edgeinfer info MODEL` shows the largest context that fits)"
             )
 
     def kv_report(self) -> str:
@@ -110,7 +122,8 @@ class ModelRunner:
         return (
             f"KV cache: {kv.num_blocks} blocks x {kv.block_size} tokens = "
             f"{kv.num_blocks * kv.block_size} tokens, {human_bytes(kv.nbytes)} {kv.dtype} "
-            f"({self.kv_source})"
+            f"({self.kv_source}); step buffers {human_bytes(self.step_bytes)} "
+            f"({self._step_source})"
         )
 
     @cached_property

@@ -7,7 +7,7 @@ import pytest
 from edgeinfer.engine import Engine, RequestTooLargeError
 from edgeinfer.gguf_reader import read_gguf
 from edgeinfer.llm import LLM
-from edgeinfer.memory_plan import kv_block_bytes
+from edgeinfer.memory_plan import kv_block_bytes, step_bytes
 from edgeinfer.model_config import ModelConfig
 from edgeinfer.sampling import SamplingParams
 
@@ -153,6 +153,15 @@ def test_engine_refuses_a_token_budget_past_the_planned_activations(synth):
     llm = LLM(str(synth), threads=1)
     with pytest.raises(Exception, match="at most 512"):
         Engine(llm._runner, max_num_batched_tokens=4096)
+
+
+def test_the_runner_plans_a_steps_logits_for_max_num_seqs(synth):
+    llm = LLM(str(synth), threads=1, parallel=1, max_num_seqs=8, max_num_batched_tokens=64)
+    with read_gguf(synth) as g:
+        assert llm._runner.step_bytes == step_bytes(ModelConfig.from_gguf(g), 64, 8)
+    assert "step buffers" in llm.kv_report() and "logits of 8" in llm.kv_report()
+    with pytest.raises(Exception, match="max_num_seqs must be at most 8"):
+        Engine(llm._runner, max_num_seqs=16, max_num_batched_tokens=64)
 
 
 def test_a_sequences_logits_do_not_depend_on_its_batch_mates(synth):
