@@ -129,7 +129,7 @@ def matmul(x: np.ndarray, w: QuantWeight, blas_layout: np.ndarray | None = None)
     if w.unit.matmul_small is None and w.unit.matmul_rows is None:
         return _tiled(x, w)
     blas = blas_layout >= 0
-    out = np.empty((x.shape[0], w.shape[0]), np.float32)
+    n = x.shape[0]
     if blas.any():
         padded = np.zeros(
             (-(-(blas_layout.max() + 1) // BLAS_ROW_BLOCK) * BLAS_ROW_BLOCK, x.shape[1]), np.float32
@@ -137,7 +137,14 @@ def matmul(x: np.ndarray, w: QuantWeight, blas_layout: np.ndarray | None = None)
         padded[blas_layout[blas]] = x[blas]
         padded_out = np.empty((padded.shape[0], w.shape[0]), np.float32)
         matmul_tiled(padded, w, padded_out, BLAS_ROW_BLOCK)
+        first = blas_layout[0]
+        if blas.all() and blas_layout[-1] - first == n - 1:
+            # one prompt run (consecutive rows, in order): its rows of the output, not a copy
+            return padded_out[first : first + n]
+        out = np.empty((n, w.shape[0]), np.float32)
         out[blas] = padded_out[blas_layout[blas]]
+    else:
+        out = np.empty((n, w.shape[0]), np.float32)
     if not blas.all():
         out[~blas] = _row_wise(np.ascontiguousarray(x[~blas]), w)
     return out
