@@ -3,6 +3,7 @@
     dequantize(data, qtype, shape) -> float32 array of `shape`   (bit-exact with gguf.quants)
     QuantWeight.from_raw(data, qtype, shape)   .shape (out, in) .qtype .nbytes .extra_nbytes
     matmul(x, w)      # x: float32[n, in], w: [out, in] -> float32[n, out]
+    matmul_stacked(x, parts, stack(parts))   # several weights of one type, one launch
     embedding(w, ids) # w: [vocab, dim], ids: int[n] -> float32[n, dim]
     set_threads(n) / get_threads()
 
@@ -18,10 +19,10 @@ if __name__ != "edgeinfer.kernels":
 import numpy as np  # noqa: E402
 
 from . import threads  # noqa: E402
-from .matmul import embedding, matmul
+from .matmul import embedding, matmul, matmul_stacked
 from .registry import QuantType, UnsupportedTypeError, as_qtype, get_unit, register, supported_types
 from .threads import get_threads, set_threads
-from .weight import QuantWeight, raw_rows
+from .weight import QuantWeight, raw_rows, stack
 
 
 def dequantize(data: np.ndarray, qtype, shape) -> np.ndarray:
@@ -44,7 +45,9 @@ __all__ = [
     "get_threads",
     "get_unit",
     "matmul",
+    "matmul_stacked",
     "register",
     "set_threads",
+    "stack",
     "supported_types",
 ]

@@ -25,29 +25,41 @@ def prefetch_span(flat, start, nbytes):
         prefetch(flat, i)
 
 
-# block_dot(acc f32[LANES], w u8[size], off, xr int8[in], xsr int32[groups], b, dx) -> float:
-# adds block b of the weight row starting at w[off - b * block bytes] (its bytes at w[off]) times
-# activation block b (xr, its sums xsr, its scale dx) into acc's lanes, and returns any part it
-# computes as a scalar (a min term).
-# raw: [out, nb * block bytes] uint8, x: [n, in] float32 -> out: [n, out]; x is quantized to int8
-# blocks of `block` values with sums per `sum_group` (0: none; see act_quant).
-# Inlined into each unit's own kernel (see matmul.each_row for why not passed to a jitted one).
+# starts, ends: int64[parts] -> byte offset in flat of output row r, where part p holds rows
+# ends[p - 1] .. ends[p] - 1 (rows of row_bytes bytes from flat[starts[p]])
 @njit(cache=True, inline="always")
-def block_matmul(block_dot, raw, x, out, block, sum_group):
+def row_offset(starts, ends, r, row_bytes):
+    p = 0
+    while r >= ends[p]:
+        p += 1
+    return starts[p] + (r - (ends[p - 1] if p > 0 else 0)) * row_bytes
+
+
+# block_dot(acc f32[LANES], w u8[size], off, xr int16[in], xsr int32[groups], b, dx) -> float:
+# adds block b of a weight row (its bytes at w[off]) times activation block b (xr, its sums
+# xsr, its scale dx) into acc's lanes, and returns any part it computes as a scalar (a min term).
+# flat: uint8 bytes holding the weight's parts (see row_offset; one weight: starts = [0],
+# ends = [rows]), x: [n, in] float32 -> out: [n, sum of the parts' rows]: several weights of one
+# type and input size (Q, K and V) in one launch. x is quantized to int8 blocks of `block`
+# values with sums per `sum_group` (0: none; see act_quant); a weight row is in // block blocks
+# of block_bytes. Inlined into each unit's own kernel (see matmul.each_row for why not passed to
+# a jitted one).
+@njit(cache=True, inline="always")
+def block_matmul(block_dot, flat, starts, ends, x, out, block, block_bytes, sum_group):
     xq, xd, xs = quantize_rows(x, block, sum_group)
-    rows, row_bytes = raw.shape
     n = xq.shape[0]
     nb = xd.shape[1]
-    block_bytes = row_bytes // nb
-    flat = raw.reshape(-1)
-    last = rows - 1
-    for c in prange((rows + ROWS - 1) // ROWS):
+    row_bytes = nb * block_bytes
+    last = ends[ends.shape[0] - 1] - 1
+    for c in prange((last + ROWS) // ROWS):
         r0 = ROWS * c
         # ragged edge: the last row again, so every row takes the same code path
-        o0, o1 = r0 * row_bytes, min(r0 + 1, last) * row_bytes
-        o2, o3 = min(r0 + 2, last) * row_bytes, min(r0 + 3, last) * row_bytes
+        o0 = row_offset(starts, ends, r0, row_bytes)
+        o1 = row_offset(starts, ends, min(r0 + 1, last), row_bytes)
+        o2 = row_offset(starts, ends, min(r0 + 2, last), row_bytes)
+        o3 = row_offset(starts, ends, min(r0 + 3, last), row_bytes)
         acc = np.empty((ROWS, LANES), np.float32)
-        ahead = (r0 + PREFETCH_ROWS) * row_bytes
+        ahead = row_offset(starts, ends, min(r0 + PREFETCH_ROWS, last), row_bytes)
         for t in range(n):
             acc[:] = 0
             s0 = s1 = s2 = s3 = np.float32(0.0)
@@ -70,10 +82,16 @@ def block_matmul(block_dot, raw, x, out, block, sum_group):
                 out[t, r0 + 3] = acc[3].sum() + s3
 
 
+def parts_of(raw):
+    """A unit's `repack`: one weight as its bytes, flat, plus its part table (views, 16 bytes)."""
+    return raw.reshape(-1), np.zeros(1, np.int64), np.array([raw.shape[0]], np.int64)
+
+
 def fused(kernel):
-    """kernel(raw, x, out), a unit's jitted wrapper of block_matmul -> its `matmul_small`."""
+    """kernel(flat, starts, ends, x, out), a unit's jitted wrapper of block_matmul -> its
+    `matmul_small` on the packed (flat, starts, ends) of `parts_of` or `kernels.stack`."""
 
     def matmul_small(packed, x, out):
-        kernel(packed[0], x, out)
+        kernel(*packed, x, out)
 
     return matmul_small

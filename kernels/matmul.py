@@ -150,6 +150,16 @@ def matmul(x: np.ndarray, w: QuantWeight, blas_layout: np.ndarray | None = None)
     return out
 
 
+def matmul_stacked(x: np.ndarray, parts: list[QuantWeight], packed: tuple) -> np.ndarray:
+    """x: float32[n, in], n <= the parts' small_n_max; packed: `weight.stack(parts)`
+    -> float32[n, sum of the parts' outs], in one kernel launch."""
+    x = _check_x(x, parts[0])
+    threads.apply()
+    out = np.empty((x.shape[0], int(packed[2][-1])), np.float32)
+    parts[0].unit.matmul_small(packed, x, out)
+    return out
+
+
 def _by_n(x: np.ndarray, w: QuantWeight) -> np.ndarray:
     # the fastest path for this n (measured per unit: small_n_max, rows_n_max)
     n = x.shape[0]

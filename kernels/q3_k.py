@@ -8,7 +8,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from numba import njit
 
-from .block_matmul import block_matmul, fused
+from .block_matmul import block_matmul, fused, parts_of
 from .floatbits import read_half
 from .kquant_common import QK_K, f16_at
 from .matmul import each_row, row_tile_matmul
@@ -79,10 +79,10 @@ def block_dot(acc, w, off, xr, xsr, b, dx):
     return f32(0.0)
 
 
-# raw: [out, nb*110], x: [n, in] -> out: [n, out]
+# flat, starts, ends: one or more weights' bytes (see block_matmul), x: [n, in] -> out: [n, rows]
 @njit(parallel=True, cache=True)
-def matmul_fused(raw, x, out):
-    block_matmul(block_dot, raw, x, out, QK_K, 0)
+def matmul_fused(flat, starts, ends, x, out):
+    block_matmul(block_dot, flat, starts, ends, x, out, QK_K, TYPE_SIZE, 0)
 
 
 register(
@@ -92,6 +92,7 @@ register(
         type_size=TYPE_SIZE,
         dequantize_rows=dequantize_rows,
         matmul_small=fused(matmul_fused),
+        repack=parts_of,
         # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
         small_n_max=3,
         matmul_rows=matmul_rows,

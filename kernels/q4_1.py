@@ -7,7 +7,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from numba import njit
 
-from .block_matmul import block_matmul, fused
+from .block_matmul import block_matmul, fused, parts_of
 from .floatbits import read_half
 from .kquant_common import f16_at
 from .matmul import each_row, row_tile_matmul
@@ -62,10 +62,10 @@ def block_dot(acc, w, off, xr, xsr, b, dx):
     return read_half(w, off + 2) * dx * f32(xsr[b])
 
 
-# raw: [out, nb * 20], x: [n, in] -> out: [n, out]
+# flat, starts, ends: one or more weights' bytes (see block_matmul), x: [n, in] -> out: [n, rows]
 @njit(parallel=True, cache=True)
-def matmul_fused(raw, x, out):
-    block_matmul(block_dot, raw, x, out, BLOCK, BLOCK)
+def matmul_fused(flat, starts, ends, x, out):
+    block_matmul(block_dot, flat, starts, ends, x, out, BLOCK, TYPE_SIZE, BLOCK)
 
 
 UNIT = register(
@@ -75,6 +75,7 @@ UNIT = register(
         type_size=TYPE_SIZE,
         dequantize_rows=dequantize_rows,
         matmul_small=fused(matmul_fused),
+        repack=parts_of,
         # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
         small_n_max=2,
         matmul_rows=matmul_rows,

@@ -7,6 +7,7 @@ import math
 import numpy as np
 from gguf import GGMLQuantizationType
 
+from .block_matmul import parts_of
 from .registry import QuantType, as_qtype, get_unit
 
 
@@ -74,3 +75,29 @@ class QuantWeight:
             f"QuantWeight({self.qtype.name}, shape={self.shape}, nbytes={self.nbytes}, "
             f"extra_nbytes={self.extra_nbytes})"
         )
+
+
+def _buffer(a: np.ndarray) -> np.ndarray:
+    # the outermost array `a` is a view of (a model file's np.memmap for its tensors)
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def stack(parts: list[QuantWeight]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The packed (flat, starts, ends) that runs the fused small-n kernel once over `parts`
+    (one output, their rows in order), or None: parts of different types or input sizes, of a
+    unit without a block-matmul kernel, or not in one buffer (a model file's are). No copy."""
+    unit, cols = parts[0].unit, parts[0].shape[1]
+    if len(parts) < 2 or any(p.unit is not unit or p.shape[1] != cols for p in parts):
+        return None
+    if unit.repack is not parts_of:  # the units whose small-n kernel is block_matmul
+        return None
+    buf = _buffer(parts[0].raw)
+    if any(_buffer(p.raw) is not buf for p in parts) or not buf.flags.c_contiguous:
+        return None
+    flat = buf.view(np.ndarray).reshape(-1).view(np.uint8)
+    flat.flags.writeable = False  # the kernels are compiled for read-only bytes (see raw_rows)
+    starts = np.array([p.raw.ctypes.data - flat.ctypes.data for p in parts], np.int64)
+    ends = np.cumsum([p.shape[0] for p in parts]).astype(np.int64)
+    return flat, starts, ends

@@ -57,9 +57,15 @@ class Linear:
         self.parts = parts
         self.bias = bias
         self.shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
+        # decode: parts of one type that the file does not store back to back (Q, K, V) still
+        # share one kernel launch
+        self.stacked = kernels.stack(parts)
 
     def __call__(self, x: np.ndarray, blas_layout: np.ndarray | None = None) -> np.ndarray:
-        if len(self.parts) == 1:
+        small = self.stacked is not None and x.shape[0] <= self.parts[0].unit.small_n_max
+        if small and blas_layout is None:
+            y = kernels.matmul_stacked(x, self.parts, self.stacked)
+        elif len(self.parts) == 1:
             y = kernels.matmul(x, self.parts[0], blas_layout)
         else:
             y = np.concatenate([kernels.matmul(x, p, blas_layout) for p in self.parts], axis=1)

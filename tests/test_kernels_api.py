@@ -71,12 +71,47 @@ def test_quant_weight_stays_on_the_file_bytes():
     data = q8_0_bytes(48, 256, np.random.default_rng(3))
     w = kernels.QuantWeight.from_raw(data, T.Q8_0, (48, 256))
     assert w.shape == (48, 256) and w.qtype == T.Q8_0
-    assert w.nbytes == data.nbytes and w.extra_nbytes == 0
+    assert w.nbytes == data.nbytes and w.extra_nbytes <= 16  # a part table, not a copy
     assert np.shares_memory(w.raw, data)
     for qtype in LEGACY:
         block, size = GGML_QUANT_SIZES[qtype]
         raw = np.zeros(16 * 256 // block * size, np.uint8)
         assert kernels.QuantWeight.from_raw(raw, qtype, (16, 256)).extra_nbytes <= raw.nbytes // 10
+
+
+SCALES = {T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q8_0: (0,), T.Q4_K: (0, 2), T.Q6_K: (208,)}
+
+
+@pytest.mark.parametrize("qtype", list(SCALES), ids=lambda t: t.name)
+def test_stacked_weights_in_one_buffer_give_each_parts_own_rows(qtype):
+    """Q, K and V in one launch: weights of one type viewing one buffer (as a model file's
+    do), not back to back, give bit for bit the rows each gives on its own."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    cols, outs = 512, (40, 12, 12)
+    row_bytes = cols // block * size
+    rng = np.random.default_rng(int(qtype))
+    blocks = rng.integers(0, 256, (sum(o + 1 for o in outs) * cols // block, size), np.uint8)
+    for off in SCALES[qtype]:  # sane float16 scales (random bits would give inf and NaN)
+        h = (rng.standard_normal(blocks.shape[0]) * 0.01).astype(np.float16)
+        blocks[:, off : off + 2] = h.view(np.uint8).reshape(-1, 2)
+    buf = blocks.reshape(-1)
+    buf.flags.writeable = False
+    parts, at = [], row_bytes  # a row's worth of other bytes before and between the parts
+    for o in outs:
+        parts.append(kernels.QuantWeight.from_raw(buf[at : at + o * row_bytes], qtype, (o, cols)))
+        at += (o + 1) * row_bytes
+    packed = kernels.stack(parts)
+    assert packed is not None
+    for n in range(1, parts[0].unit.small_n_max + 1):
+        x = rng.standard_normal((n, cols), dtype=np.float32)
+        want = np.concatenate([kernels.matmul(x, p) for p in parts], axis=1)
+        got = kernels.matmul_stacked(x, parts, packed)
+        assert got.shape == (n, sum(outs)) and np.isfinite(got).all()
+        assert np.array_equal(got, want)
+    other = kernels.QuantWeight.from_raw(np.zeros(8 * cols, np.float32), T.F32, (8, cols))
+    assert kernels.stack([parts[0], other]) is None
+    apart = kernels.QuantWeight.from_raw(buf[: row_bytes * 12].copy(), qtype, (12, cols))
+    assert kernels.stack([parts[0], apart]) is None  # not in one buffer
 
 
 def test_matmul_checks_and_converts_x():
