@@ -59,6 +59,12 @@ class BlockManager:
     def num_used_blocks(self) -> int:
         return self.num_blocks - self.num_free_blocks
 
+    @property
+    def num_cached_blocks(self) -> int:
+        """Free blocks that still hold a prefix a new request can reuse (evicted last-used
+        first when the pool runs out)."""
+        return len(self.evictable)
+
     def seq_len(self, seq_id: int) -> int:
         return self.lengths.get(seq_id, 0)
 

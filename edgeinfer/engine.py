@@ -40,6 +40,7 @@ class EngineStats:
     waiting: int
     kv_blocks_used: int
     kv_blocks_total: int
+    kv_blocks_cached: int  # free, but holding reusable prefixes
     prefix_cache_queried_tokens: int  # prompt tokens looked up at admission
     prefix_cache_hit_tokens: int  # of those, reused from the cache
     preemptions: int
@@ -173,6 +174,7 @@ class Engine:
             waiting=len(self.scheduler.waiting),
             kv_blocks_used=b.num_used_blocks,
             kv_blocks_total=b.num_blocks,
+            kv_blocks_cached=b.num_cached_blocks,
             prefix_cache_queried_tokens=b.num_queried_tokens,
             prefix_cache_hit_tokens=b.num_hit_tokens,
             preemptions=self.scheduler.num_preemptions,

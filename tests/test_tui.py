@@ -252,6 +252,10 @@ def test_complete_reply_updates_history_and_stats(loaded):
         numbers = str(chat.query_one("#numbers").render())
         assert f"{s.last.cached_tokens} cached" in numbers
         assert f"{s.last.prompt_tokens - s.last.cached_tokens} new" in numbers
+        # between replies the conversation's blocks are free but kept for the next turn
+        cached = chat.session.kv_blocks()[2]
+        assert cached >= (s.last.prompt_tokens + s.last.generated) // 16 - 1 > 0
+        assert re.search(rf"cache\s+{cached} blk", numbers)
 
     run(app, (80, 24), script)
 
@@ -473,7 +477,7 @@ def test_layout(loaded, size):
         assert pane.right == stats.x and stats.right == width
         assert pane.width >= 48 and pane.y == stats.y == 1 and pane.bottom == prompt.y
         panel_text = "\n".join(line[stats.x :] for line in lines[stats.y : stats.bottom])
-        for label in ("tok/s", "TTFT", "TPOT", "context", "KV", "RSS", "CPU", "Q4_1"):
+        for label in ("tok/s", "TTFT", "TPOT", "context", "KV", "cache", "RSS", "CPU", "Q4_1"):
             assert label in panel_text
         conversation = "\n".join(line[: pane.right] for line in lines)
         assert "You" in conversation and "Hi!" in conversation and "Assistant" in conversation

@@ -187,9 +187,11 @@ class ChatSession:
         last = self.last
         return last is not None and last.prompt_tokens + last.generated >= self.info.max_context
 
-    def kv_blocks(self) -> tuple[int, int]:
-        """(used, total) KV-cache blocks."""
-        return self.llm.kv_usage()
+    def kv_blocks(self) -> tuple[int, int, int]:
+        """(used, total, cached) KV-cache blocks; cached: free blocks that keep earlier turns
+        for reuse."""
+        used, total = self.llm.kv_usage()
+        return used, total, self.llm.engine.blocks.num_cached_blocks
 
 
 def load(model: str, threads: int | None, ctx: int | None, progress) -> tuple[object, ModelInfo]:

@@ -57,7 +57,7 @@ class StatsView:
     progress: Progress | None  # the reply in flight, else the last finished one
     context_used: int
     context_max: int
-    kv_blocks: tuple[int, int] | None
+    kv_blocks: tuple[int, int, int] | None  # used, total, cached
     rss_bytes: int
     cpu_percent: float
 

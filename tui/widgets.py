@@ -127,6 +127,7 @@ class StatsPanel(Vertical):
             ("output", f"{p.generated} tok" if p else "–"),
             ("context", f"{v.context_used}/{v.context_max}"),
             ("KV", f"{v.kv_blocks[0]}/{v.kv_blocks[1]} blk" if v.kv_blocks else "n/a"),
+            ("cache", f"{v.kv_blocks[2]} blk" if v.kv_blocks else "n/a"),
             ("RSS", human_bytes(v.rss_bytes)),
             ("CPU", f"{v.cpu_percent:.0f}% · {self._info.threads} thr"),
         ]
