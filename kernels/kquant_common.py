@@ -1,17 +1,15 @@
 """What the K-quant units (Q2_K ... Q6_K) share: 256-weight super-blocks, f16 block scales read
 from the raw bytes, and the 6-bit scale/min packing of Q4_K/Q5_K.
 
-Scales stay in the file's bytes (no repack, extra_nbytes = 0): unpacking them costs a few integer
-operations per 256 weights, little next to the weights' own unpacking.
+Scales stay in the file's bytes (no repack; extra_nbytes is block_matmul's 16-byte part table):
+unpacking them costs a few integer operations per 256 weights, little next to the weights' own
+unpacking.
 
-Small-n matmul: x is quantized like llama.cpp's q8_K (int8 per 256-block with one float scale,
-plus sums of every 16 int8 values, which fold the K-quant minimums/offsets out of the inner loop).
-The inner loops accumulate integer products in int32 (`I32(s + a * b)`): Numba types integer
-arithmetic as int64, and the truncation is what lets LLVM narrow the loop to 16-bit
-multiply-adds (pmaddwd on x86); plain int64 or float dequant-in-register inner loops measured
-1.5-3x slower. Indexing through per-block slices (`blk = w[o : o + TYPE_SIZE]`) with constant
-offsets lets LLVM drop Numba's negative-index checks, which otherwise turn vector loads into
-byte-by-byte gathers.
+Small-n matmul (`block_matmul`): x is quantized like llama.cpp's q8_K (int8 per 256-block with
+one float scale, plus sums of every 16 int8 values, which fold the K-quant minimums out of the
+dot products). Each unit's `block_dot` takes a super-block 32 weights at a time through
+`simd.dot_bits` / `dot_bits_hi` (bit fields unpacked and multiplied in vector lanes), with the
+shifts written out as constants so that LLVM keeps them immediate.
 """
 
 import numpy as np

@@ -112,7 +112,7 @@ def test_matmul_accuracy(qtype, out_dim, in_dim):
     rng = np.random.default_rng(int(qtype) + in_dim)
     data = random_blocks(qtype, out_dim * in_dim // 256, rng)
     w = kernels.QuantWeight.from_raw(data, qtype, (out_dim, in_dim))
-    assert w.extra_nbytes == 0  # scales are read from the file's bytes, nothing repacked
+    assert w.extra_nbytes <= 16  # scales are read from the file's bytes; only a part table
     wf = gguf_dequantize(data, qtype).reshape(out_dim, in_dim).astype(np.float64)
     for n in (1, 3, 7, 17, 33):
         x = rng.standard_normal((n, in_dim)).astype(np.float32)
