@@ -71,7 +71,7 @@ class Paged:
             nb = -(-n // BS)
             self.tables[s, :nb] = perm[used : used + nb]
             used += nb
-        self.k = np.zeros((n_blocks, nkv, dk, BS), dtype)
+        self.k = np.zeros((n_blocks, nkv, BS, dk), dtype)
         self.v = np.zeros((n_blocks, nkv, BS, dv), dtype)
 
     def batch(self, spans):
