@@ -60,8 +60,8 @@ def scale(w, i, d):
 # -> adds d * sc * sum(q * xq) of each 16-weight group into acc; returns the mins' share,
 # -dmin * dx * sum(m * group sum of xq) (see block_matmul)
 @njit(cache=True, inline="always")
-def block_dot(acc, w, off, xr, xsr, b, dx):
-    d = read_half(w, off + 80) * dx
+def block_dot(acc, w, off, xr, xsr, b, dx, halves):
+    d = read_half(halves, w, off + 80) * dx
     mins = 0
     for h in range(2):  # elements 128h + 32s + l: bits 2s, 2s + 1 of qs byte 32h + l
         j, q, x0 = off + 8 * h, off + 16 + 32 * h, b * QK_K + 128 * h
@@ -72,13 +72,13 @@ def block_dot(acc, w, off, xr, xsr, b, dx):
         g = b * 16 + 8 * h
         for i in range(8):
             mins += I32(w[j + i] >> 4) * xsr[g + i]
-    return -read_half(w, off + 82) * dx * f32(mins)
+    return -read_half(halves, w, off + 82) * dx * f32(mins)
 
 
 # flat, starts, ends: one or more weights' bytes (see block_matmul), x: [n, in] -> out: [n, rows]
 @njit(parallel=True, cache=True)
-def matmul_fused(flat, starts, ends, x, out):
-    block_matmul(block_dot, flat, starts, ends, x, out, QK_K, TYPE_SIZE, SUM_GROUP)
+def matmul_fused(flat, starts, ends, halves, x, out):
+    block_matmul(block_dot, flat, starts, ends, halves, x, out, QK_K, TYPE_SIZE, SUM_GROUP)
 
 
 register(

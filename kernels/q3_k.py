@@ -63,8 +63,8 @@ def matmul_rows(raw, x, out):
 # acc: [LANES], w: one row's bytes, off: super-block b's offset in w, xr: [in] -> adds
 # d * sc * sum((q - 4 * (1 - hbit)) * xq) of each 16-weight group into acc (see block_matmul)
 @njit(cache=True, inline="always")
-def block_dot(acc, w, off, xr, xsr, b, dx):
-    d = read_half(w, off + 108) * dx
+def block_dot(acc, w, off, xr, xsr, b, dx, halves):
+    d = read_half(halves, w, off + 108) * dx
     for h in range(2):  # elements 128h + 32s + l: bits 2s, 2s + 1 of qs byte 32h + l
         q, x0, j = off + 32 + 32 * h, b * QK_K + 128 * h, 8 * h
         # hmask bit 4h + s of byte l set: q; clear: q - 4. So q | hbit << 2, minus 4
@@ -81,8 +81,8 @@ def block_dot(acc, w, off, xr, xsr, b, dx):
 
 # flat, starts, ends: one or more weights' bytes (see block_matmul), x: [n, in] -> out: [n, rows]
 @njit(parallel=True, cache=True)
-def matmul_fused(flat, starts, ends, x, out):
-    block_matmul(block_dot, flat, starts, ends, x, out, QK_K, TYPE_SIZE, 0)
+def matmul_fused(flat, starts, ends, halves, x, out):
+    block_matmul(block_dot, flat, starts, ends, halves, x, out, QK_K, TYPE_SIZE, 0)
 
 
 register(

@@ -57,15 +57,15 @@ def matmul_rows(raw, x, out):
 # xr's blocks -> adds d * dx * sum(q * xq) of block b into acc; returns the min's share,
 # m * dx * sum(xq) (see block_matmul)
 @njit(cache=True, inline="always")
-def block_dot(acc, w, off, xr, xsr, b, dx):
-    dot_u4(acc, w, off + 4, U0, xr, b * BLOCK, read_half(w, off) * dx)
-    return read_half(w, off + 2) * dx * f32(xsr[b])
+def block_dot(acc, w, off, xr, xsr, b, dx, halves):
+    dot_u4(acc, w, off + 4, U0, xr, b * BLOCK, read_half(halves, w, off) * dx)
+    return read_half(halves, w, off + 2) * dx * f32(xsr[b])
 
 
 # flat, starts, ends: one or more weights' bytes (see block_matmul), x: [n, in] -> out: [n, rows]
 @njit(parallel=True, cache=True)
-def matmul_fused(flat, starts, ends, x, out):
-    block_matmul(block_dot, flat, starts, ends, x, out, BLOCK, TYPE_SIZE, BLOCK)
+def matmul_fused(flat, starts, ends, halves, x, out):
+    block_matmul(block_dot, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE, BLOCK)
 
 
 UNIT = register(

@@ -69,15 +69,15 @@ def matmul_rows(raw, x, out):
 # acc: [LANES], w: one row's bytes, off: block b's offset in w, xr: [in] int8 -> adds
 # d * dx * sum((q - 16) * xq) of block b into acc (see block_matmul)
 @njit(cache=True, inline="always")
-def block_dot(acc, w, off, xr, xsr, b, dx):
-    dot_u5(acc, w, off + 6, off + 2, U16, xr, b * BLOCK, read_half(w, off) * dx)
+def block_dot(acc, w, off, xr, xsr, b, dx, halves):
+    dot_u5(acc, w, off + 6, off + 2, U16, xr, b * BLOCK, read_half(halves, w, off) * dx)
     return f32(0.0)
 
 
 # flat, starts, ends: one or more weights' bytes (see block_matmul), x: [n, in] -> out: [n, rows]
 @njit(parallel=True, cache=True)
-def matmul_fused(flat, starts, ends, x, out):
-    block_matmul(block_dot, flat, starts, ends, x, out, BLOCK, TYPE_SIZE, 0)
+def matmul_fused(flat, starts, ends, halves, x, out):
+    block_matmul(block_dot, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE, 0)
 
 
 UNIT = register(

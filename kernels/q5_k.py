@@ -56,8 +56,8 @@ def matmul_rows(raw, x, out):
 # -> adds d * sc_j * sum(q * xq) of each sub-block j into acc; returns the mins' share,
 # -dmin * dx * sum(m_j * sub-block sum of xq) (see block_matmul)
 @njit(cache=True, inline="always")
-def block_dot(acc, w, off, xr, xsr, b, dx):
-    d = read_half(w, off) * dx
+def block_dot(acc, w, off, xr, xsr, b, dx, halves):
+    d = read_half(halves, w, off) * dx
     mins = 0
     for c in range(4):  # low 4 bits as in Q4_K; bit j of qh byte l is bit 4 of element l
         sc0, m0 = scale_min_k4(w, off + 4, 2 * c)
@@ -68,13 +68,13 @@ def block_dot(acc, w, off, xr, xsr, b, dx):
         dot_bits_hi(acc, w, q, 4, 15, off + 16, 2 * c + 1, 1, 4, 0, xr, x0 + 32, s1, s1)
         g = b * 16 + 4 * c
         mins += m0 * (xsr[g] + xsr[g + 1]) + m1 * (xsr[g + 2] + xsr[g + 3])
-    return -read_half(w, off + 2) * dx * f32(mins)
+    return -read_half(halves, w, off + 2) * dx * f32(mins)
 
 
 # flat, starts, ends: one or more weights' bytes (see block_matmul), x: [n, in] -> out: [n, rows]
 @njit(parallel=True, cache=True)
-def matmul_fused(flat, starts, ends, x, out):
-    block_matmul(block_dot, flat, starts, ends, x, out, QK_K, TYPE_SIZE, SUM_GROUP)
+def matmul_fused(flat, starts, ends, halves, x, out):
+    block_matmul(block_dot, flat, starts, ends, halves, x, out, QK_K, TYPE_SIZE, SUM_GROUP)
 
 
 register(

@@ -78,8 +78,8 @@ def scale(w, i, d):
 # acc: [LANES], w: one row's bytes, off: super-block b's offset in w, xr: [in] -> adds
 # d * sc * sum((q - 32) * xq) of each 16-weight group into acc (see block_matmul)
 @njit(cache=True, inline="always")
-def block_dot(acc, w, off, xr, xsr, b, dx):
-    d = read_half(w, off + 208) * dx
+def block_dot(acc, w, off, xr, xsr, b, dx, halves):
+    d = read_half(halves, w, off + 208) * dx
     for h in range(2):  # elements 128h + 32s + l: low bits in ql, 2 high bits in qh
         sc, ql, qh, x0 = off + 192 + 8 * h, off + 64 * h, off + 128 + 32 * h, b * QK_K + 128 * h
         s0, s1, s2, s3 = (
@@ -103,8 +103,8 @@ def block_dot(acc, w, off, xr, xsr, b, dx):
 
 # flat, starts, ends: one or more weights' bytes (see block_matmul), x: [n, in] -> out: [n, rows]
 @njit(parallel=True, cache=True)
-def matmul_fused(flat, starts, ends, x, out):
-    block_matmul(block_dot, flat, starts, ends, x, out, QK_K, TYPE_SIZE, 0)
+def matmul_fused(flat, starts, ends, halves, x, out):
+    block_matmul(block_dot, flat, starts, ends, halves, x, out, QK_K, TYPE_SIZE, 0)
 
 
 register(
