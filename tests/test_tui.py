@@ -61,8 +61,10 @@ def chat_app(loaded, params: SamplingParams = SHORT, **options) -> ChatApp:
 
 
 def ready(app) -> bool:
-    """The chat screen is up and its on_mount has finished (the input gets focus last)."""
-    return app.chat is not None and app.focused is app.chat.query_one(Input)
+    """The chat screen is up and its on_mount has finished (the input gets focus last). The
+    screen exists a moment before its widgets do, so an absent Input means not yet."""
+    inputs = app.chat.query(Input) if app.chat is not None else []
+    return bool(inputs) and app.focused is inputs.first()
 
 
 async def until(pilot, condition, timeout_s: float = TIMEOUT_S, step_s: float = 0.05) -> None:
