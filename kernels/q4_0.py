@@ -15,7 +15,7 @@ from .registry import QuantType, register
 from .simd import dot_u4
 
 BLOCK, TYPE_SIZE = 32, 18
-i16, i32, u32, f32 = np.int16, np.int32, np.uint32, np.float32
+i32, u32, f32 = np.int32, np.uint32, np.float32
 SIXTEENTH = f32(1.0 / 16)  # a nibble's weight in the high half of its byte
 U8 = np.uint8(8)
 

@@ -12,7 +12,7 @@ from .registry import QuantType, register
 from .simd import dot_i8
 
 BLOCK, TYPE_SIZE = 32, 34
-i32, f32 = np.int32, np.float32
+f32 = np.float32
 
 
 # raw: [nb * 34] (one row) -> out: [nb * 32]

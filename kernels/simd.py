@@ -21,10 +21,6 @@ _I1, _I8, _I16, _I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(
 _F32 = ir.FloatType()
 
 
-def _const(v):
-    return ir.Constant(_I32, v)
-
-
 def _vec(t, n):
     return ir.VectorType(t, n)
 
