@@ -37,3 +37,15 @@ def scale_min_k4(w, off, j):
     sc = (w[off + j + 4] & 0x0F) | ((w[off + j - 4] >> 6) << 4)
     m = (w[off + j + 4] >> 4) | ((w[off + j] >> 6) << 4)
     return I32(sc), I32(m)
+
+
+# w: bytes, off: a Q4_K/Q5_K super-block's offset, c: 0..3, d: its scale times the activation
+# block's, xsr: activation sums per 16 values, b: the super-block's index -> the scales of
+# sub-blocks 2c and 2c + 1, and their share of the min term, sum(m_j * sub-block sum of xq)
+@njit(cache=True, inline="always")
+def sub_block_pair_k4(w, off, c, d, xsr, b):
+    sc0, m0 = scale_min_k4(w, off + 4, 2 * c)
+    sc1, m1 = scale_min_k4(w, off + 4, 2 * c + 1)
+    g = b * 16 + 4 * c
+    mins = m0 * (xsr[g] + xsr[g + 1]) + m1 * (xsr[g + 2] + xsr[g + 3])
+    return d * np.float32(sc0), d * np.float32(sc1), mins

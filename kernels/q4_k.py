@@ -10,7 +10,7 @@ from numba import njit
 
 from .block_matmul import block_matmul, fused, parts_of
 from .floatbits import read_half
-from .kquant_common import I32, QK_K, SUM_GROUP, f16_at, scale_min_k4
+from .kquant_common import I32, QK_K, SUM_GROUP, f16_at, scale_min_k4, sub_block_pair_k4
 from .matmul import each_row, row_tile_matmul
 from .registry import QuantType, register
 from .simd import dot_bits
@@ -64,14 +64,11 @@ def block_dot(acc, w, off, xr, xsr, b, dx, halves):
     d = read_half(halves, w, off) * dx
     mins = 0
     for c in range(4):  # 32 bytes of qs: sub-block 2c in the low nibbles, 2c + 1 in the high
-        sc0, m0 = scale_min_k4(w, off + 4, 2 * c)
-        sc1, m1 = scale_min_k4(w, off + 4, 2 * c + 1)
-        s0, s1 = d * f32(sc0), d * f32(sc1)
+        s0, s1, m = sub_block_pair_k4(w, off, c, d, xsr, b)
+        mins += m
         q, x0 = off + 16 + 32 * c, b * QK_K + 64 * c
         dot_bits(acc, w, q, 0, 15, xr, x0, s0, s0)
         dot_bits(acc, w, q, 4, 15, xr, x0 + 32, s1, s1)
-        g = b * 16 + 4 * c
-        mins += m0 * (xsr[g] + xsr[g + 1]) + m1 * (xsr[g + 2] + xsr[g + 3])
     return -read_half(halves, w, off + 2) * dx * f32(mins)
 
 
