@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from edgeinfer.engine import Engine, RequestTooLargeError
+from edgeinfer.errors import EdgeInferError
 from edgeinfer.gguf_reader import read_gguf
 from edgeinfer.llm import LLM
 from edgeinfer.memory_plan import kv_block_bytes, step_bytes
@@ -153,6 +154,13 @@ def test_engine_refuses_a_token_budget_past_the_planned_activations(synth):
     llm = LLM(str(synth), threads=1)
     with pytest.raises(Exception, match="at most 512"):
         Engine(llm._runner, max_num_batched_tokens=4096)
+
+
+@pytest.mark.parametrize("tokens", [0, 4096])
+def test_a_step_token_budget_outside_the_activation_plan_is_refused(synth, tokens):
+    # activations are planned (and `edgeinfer info` reports them) for one prefill chunk at most
+    with pytest.raises(EdgeInferError, match="tokens per step must be 1 to 512"):
+        LLM(str(synth), threads=1, max_num_batched_tokens=tokens)
 
 
 def test_the_runner_plans_a_steps_logits_for_max_num_seqs(synth):
