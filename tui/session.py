@@ -190,8 +190,8 @@ class ChatSession:
     def kv_blocks(self) -> tuple[int, int, int]:
         """(used, total, cached) KV-cache blocks; cached: free blocks that keep earlier turns
         for reuse."""
-        used, total = self.llm.kv_usage()
-        return used, total, self.llm.engine.blocks.num_cached_blocks
+        blocks = self.llm.engine.blocks
+        return blocks.num_used_blocks, blocks.num_blocks, blocks.num_cached_blocks
 
 
 def load(model: str, threads: int | None, ctx: int | None, progress) -> tuple[object, ModelInfo]:
