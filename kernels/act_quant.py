@@ -34,14 +34,14 @@ def _quantize_block(x, block, sum_group, q, d, sums, t, b):
             sums[t, g] = s
 
 
-# x: [n, k] -> q: [n, k] int16, d: [n, k // block], sums: [n, k // sum_group] ([n, 0] for
+# x: [n, k] -> q: [n, k] of q_type, d: [n, k // block], sums: [n, k // sum_group] ([n, 0] for
 # sum_group = 0); k a multiple of block, block of sum_group. Serial, inside the matmul kernel (a
-# few rows: cheaper than a parallel launch); q is widened to int16 once here rather than once
-# per weight row in the dot products.
+# few rows: cheaper than a parallel launch). q_type: np.int8 for byte dot products, np.int16
+# for 16-bit ones (widened once here rather than once per weight row).
 @njit(cache=True, inline="always")
-def quantize_rows(x, block, sum_group):
+def quantize_rows(x, block, sum_group, q_type):
     n, k = x.shape
-    q = np.empty((n, k), np.int16)
+    q = np.empty((n, k), q_type)
     d = np.empty((n, k // block), np.float32)
     sums = np.empty((n, k // sum_group if sum_group > 0 else 0), np.int32)
     for t in range(n):

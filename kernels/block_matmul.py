@@ -36,19 +36,21 @@ def row_offset(starts, ends, r, row_bytes):
     return starts[p] + (r - (ends[p - 1] if p > 0 else 0)) * row_bytes
 
 
-# block_dot(acc f32[LANES], w u8[size], off, xr int16[in], xsr int32[groups], b, dx, halves)
+# block_dot(acc f32[LANES], w u8[size], off, xr int8|int16[in], xsr int32[groups], b, dx, halves)
 # -> float: adds block b of a weight row (its bytes at w[off]) times activation block b (xr, its
 # sums xsr, its scale dx) into acc's lanes, and returns any part it computes as a scalar (a min
 # term); halves: floatbits.HALF_TABLE, for the block's float16 scales.
 # flat: uint8 bytes holding the weight's parts (see row_offset; one weight: starts = [0],
 # ends = [rows]), x: [n, in] float32 -> out: [n, sum of the parts' rows]: several weights of one
 # type and input size (Q, K and V) in one launch. x is quantized to int8 blocks of `block`
-# values with sums per `sum_group` (0: none; see act_quant); a weight row is in // block blocks
-# of block_bytes. Inlined into each unit's own kernel (see matmul.each_row for why not passed to
-# a jitted one).
+# values with sums per `sum_group` (0: none), held as q_type (see act_quant); a weight row is
+# in // block blocks of block_bytes. Inlined into each unit's own kernel (see matmul.each_row
+# for why not passed to a jitted one).
 @njit(cache=True, inline="always")
-def block_matmul(block_dot, flat, starts, ends, halves, x, out, block, block_bytes, sum_group):
-    xq, xd, xs = quantize_rows(x, block, sum_group)
+def block_matmul(
+    block_dot, flat, starts, ends, halves, x, out, block, block_bytes, sum_group, q_type
+):
+    xq, xd, xs = quantize_rows(x, block, sum_group, q_type)
     n = xq.shape[0]
     nb = xd.shape[1]
     row_bytes = nb * block_bytes

@@ -22,6 +22,16 @@ def read_half(halves, w, i):
     return halves[read_u16(w, i)]
 
 
+ONE_BITS = 0x3C00  # float16 1.0
+
+
+@njit(cache=True, inline="always")
+def opaque_one(halves):
+    """halves: HALF_TABLE -> 1 as uint8, read from the table, a runtime array, so that LLVM
+    cannot see its value (see kquant_dot)."""
+    return np.uint8(halves[ONE_BITS])
+
+
 @njit(cache=True, inline="always")
 def half_to_float(h):
     """h: float16 bits (any unsigned int) -> float32, exactly as numpy's astype(np.float32)."""

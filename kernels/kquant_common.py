@@ -6,10 +6,9 @@ unpacking them costs a few integer operations per 256 weights, little next to th
 unpacking.
 
 Small-n matmul (`block_matmul`): x is quantized like llama.cpp's q8_K (int8 per 256-block with
-one float scale, plus sums of every 16 int8 values, which fold the K-quant minimums out of the
-dot products). Each unit's `block_dot` takes a super-block 32 weights at a time through
-`simd.dot_bits` / `dot_bits_hi` (bit fields unpacked and multiplied in vector lanes), with the
-shifts written out as constants so that LLVM keeps them immediate.
+one float scale, plus sums of every 16 int8 values, which fold the K-quant minimums and
+offsets out of the dot products). Each unit's `block_dot` decodes what its layout needs in
+scalar code (scales, minimums) and takes the weights through `kquant_dot.super_block_dot`.
 """
 
 import numpy as np
@@ -39,13 +38,26 @@ def scale_min_k4(w, off, j):
     return I32(sc), I32(m)
 
 
-# w: bytes, off: a Q4_K/Q5_K super-block's offset, c: 0..3, d: its scale times the activation
-# block's, xsr: activation sums per 16 values, b: the super-block's index -> the scales of
-# sub-blocks 2c and 2c + 1, and their share of the min term, sum(m_j * sub-block sum of xq)
+# w: bytes, off: offset of a Q4_K/Q5_K super-block's 12 scale bytes -> its 8 sub-block scales
 @njit(cache=True, inline="always")
-def sub_block_pair_k4(w, off, c, d, xsr, b):
-    sc0, m0 = scale_min_k4(w, off + 4, 2 * c)
-    sc1, m1 = scale_min_k4(w, off + 4, 2 * c + 1)
-    g = b * 16 + 4 * c
-    mins = m0 * (xsr[g] + xsr[g + 1]) + m1 * (xsr[g + 2] + xsr[g + 3])
-    return d * np.float32(sc0), d * np.float32(sc1), mins
+def scales_k4(w, off):
+    return (
+        scale_min_k4(w, off, 0)[0],
+        scale_min_k4(w, off, 1)[0],
+        scale_min_k4(w, off, 2)[0],
+        scale_min_k4(w, off, 3)[0],
+        scale_min_k4(w, off, 4)[0],
+        scale_min_k4(w, off, 5)[0],
+        scale_min_k4(w, off, 6)[0],
+        scale_min_k4(w, off, 7)[0],
+    )
+
+
+# w, off: as scales_k4, xsr: activation sums per 16 values, g: the super-block's first sum ->
+# the mins' term sum_j m_j * (sum of xq over sub-block j)
+@njit(cache=True, inline="always")
+def mins_k4(w, off, xsr, g):
+    mins = 0
+    for j in range(8):
+        mins += scale_min_k4(w, off, j)[1] * (xsr[g + 2 * j] + xsr[g + 2 * j + 1])
+    return mins

@@ -10,11 +10,11 @@ from gguf import GGMLQuantizationType
 from numba import njit
 
 from .block_matmul import block_matmul, fused, parts_of
-from .floatbits import read_half
+from .floatbits import opaque_one, read_half
 from .kquant_common import I32, QK_K, SUM_GROUP, f16_at
+from .kquant_dot import GROUPS, Field, Layout, super_block_dot
 from .matmul import each_row, row_tile_matmul
 from .registry import QuantType, register
-from .simd import dot_bits
 
 TYPE_SIZE = 84
 f32 = np.float32
@@ -56,29 +56,36 @@ def scale(w, i, d):
     return d * f32(w[i] & 15)
 
 
-# acc: [LANES], w: one row's bytes, off: super-block b's offset in w, xr: [in], xsr: [in/16] sums
-# -> adds d * sc * sum(q * xq) of each 16-weight group into acc; returns the mins' share,
-# -dmin * dx * sum(m * group sum of xq) (see block_matmul)
+# group g = 4h + s: elements 128h + 32s + l, bits 2s..2s+1 of qs byte 32h + l; its 16-weight
+# halves scaled by the low nibbles of scale bytes 2g and 2g + 1
+LAYOUT = Layout(
+    fields=tuple((Field(16 + 32 * (g // 4), 2 * (g % 4), 2),) for g in range(GROUPS)),
+    scale_index=tuple((2 * g, 2 * g + 1) for g in range(GROUPS)),
+    scales_at=0,
+    scale_signed=False,
+    scale_mask=0x0F,
+)
+dot_super_block = super_block_dot(LAYOUT)
+
+
+# acc: [LANES], w: one row's bytes, off: super-block b's offset in w, xr: [in] int8, xsr:
+# [in/16] sums -> adds d * dx * sum_j sc_j * sum(q * xq) over the 16-weight groups j into acc;
+# returns the mins' share, -dmin * dx * sum_j m_j * (group sum of xq) (see block_matmul)
 @njit(cache=True, inline="always")
 def block_dot(acc, w, off, xr, xsr, b, dx, halves):
     d = read_half(halves, w, off + 80) * dx
+    dot_super_block(acc, w, off, xr, b * QK_K, xsr, b * 16, 0, d, opaque_one(halves))
     mins = 0
-    for h in range(2):  # elements 128h + 32s + l: bits 2s, 2s + 1 of qs byte 32h + l
-        j, q, x0 = off + 8 * h, off + 16 + 32 * h, b * QK_K + 128 * h
-        dot_bits(acc, w, q, 0, 3, xr, x0, scale(w, j, d), scale(w, j + 1, d))
-        dot_bits(acc, w, q, 2, 3, xr, x0 + 32, scale(w, j + 2, d), scale(w, j + 3, d))
-        dot_bits(acc, w, q, 4, 3, xr, x0 + 64, scale(w, j + 4, d), scale(w, j + 5, d))
-        dot_bits(acc, w, q, 6, 3, xr, x0 + 96, scale(w, j + 6, d), scale(w, j + 7, d))
-        g = b * 16 + 8 * h
-        for i in range(8):
-            mins += I32(w[j + i] >> 4) * xsr[g + i]
+    g = b * 16
+    for j in range(16):
+        mins += I32(w[off + j] >> 4) * xsr[g + j]
     return -read_half(halves, w, off + 82) * dx * f32(mins)
 
 
 # flat, starts, ends: one or more weights' bytes (see block_matmul), x: [n, in] -> out: [n, rows]
 @njit(parallel=True, cache=True)
 def matmul_fused(flat, starts, ends, halves, x, out):
-    block_matmul(block_dot, flat, starts, ends, halves, x, out, QK_K, TYPE_SIZE, SUM_GROUP)
+    block_matmul(block_dot, flat, starts, ends, halves, x, out, QK_K, TYPE_SIZE, SUM_GROUP, np.int8)
 
 
 register(

@@ -9,11 +9,11 @@ from gguf import GGMLQuantizationType
 from numba import njit
 
 from .block_matmul import block_matmul, fused, parts_of
-from .floatbits import read_half
-from .kquant_common import QK_K, f16_at
+from .floatbits import opaque_one, read_half
+from .kquant_common import QK_K, SUM_GROUP, f16_at
+from .kquant_dot import GROUPS, Field, Layout, super_block_dot
 from .matmul import each_row, row_tile_matmul
 from .registry import QuantType, register
-from .simd import dot_bits_hi
 
 TYPE_SIZE = 110
 f32 = np.float32
@@ -60,29 +60,56 @@ def matmul_rows(raw, x, out):
     row_tile_matmul(dequantize_row, raw, x, out)
 
 
-# acc: [LANES], w: one row's bytes, off: super-block b's offset in w, xr: [in] -> adds
-# d * sc * sum((q - 4 * (1 - hbit)) * xq) of each 16-weight group into acc (see block_matmul)
+# group g = 4h + s: bits 2s..2s+1 of qs byte 32h + l, and hmask bit g of byte l as bit 2 (set:
+# no -4), so q - 4 with q = low | hbit << 2; its 16-weight halves scaled by scales 2g, 2g + 1
+LAYOUT = Layout(
+    fields=tuple(
+        (Field(32 + 32 * (g // 4), 2 * (g % 4), 2), Field(0, g, 1, 2)) for g in range(GROUPS)
+    ),
+    scale_index=tuple((2 * g, 2 * g + 1) for g in range(GROUPS)),
+    offset=4,
+)
+dot_super_block = super_block_dot(LAYOUT)
+
+
+# w: bytes, off: a super-block's offset -> its 16 scales (6 bits, minus 32)
+@njit(cache=True, inline="always")
+def scales_q3k(w, off):
+    return (
+        scale_q3k(w, off, 0),
+        scale_q3k(w, off, 1),
+        scale_q3k(w, off, 2),
+        scale_q3k(w, off, 3),
+        scale_q3k(w, off, 4),
+        scale_q3k(w, off, 5),
+        scale_q3k(w, off, 6),
+        scale_q3k(w, off, 7),
+        scale_q3k(w, off, 8),
+        scale_q3k(w, off, 9),
+        scale_q3k(w, off, 10),
+        scale_q3k(w, off, 11),
+        scale_q3k(w, off, 12),
+        scale_q3k(w, off, 13),
+        scale_q3k(w, off, 14),
+        scale_q3k(w, off, 15),
+    )
+
+
+# acc: [LANES], w: one row's bytes, off: super-block b's offset in w, xr: [in] int8, xsr:
+# [in/16] sums -> adds d * dx * sum_j sc_j * sum((q - 4) * xq) over the 16-weight groups j
+# into acc (see block_matmul)
 @njit(cache=True, inline="always")
 def block_dot(acc, w, off, xr, xsr, b, dx, halves):
     d = read_half(halves, w, off + 108) * dx
-    for h in range(2):  # elements 128h + 32s + l: bits 2s, 2s + 1 of qs byte 32h + l
-        q, x0, j = off + 32 + 32 * h, b * QK_K + 128 * h, 8 * h
-        # hmask bit 4h + s of byte l set: q; clear: q - 4. So q | hbit << 2, minus 4
-        s0, s1 = d * scale_q3k(w, off, j), d * scale_q3k(w, off, j + 1)
-        dot_bits_hi(acc, w, q, 0, 3, off, 4 * h, 1, 2, 4, xr, x0, s0, s1)
-        s0, s1 = d * scale_q3k(w, off, j + 2), d * scale_q3k(w, off, j + 3)
-        dot_bits_hi(acc, w, q, 2, 3, off, 4 * h + 1, 1, 2, 4, xr, x0 + 32, s0, s1)
-        s0, s1 = d * scale_q3k(w, off, j + 4), d * scale_q3k(w, off, j + 5)
-        dot_bits_hi(acc, w, q, 4, 3, off, 4 * h + 2, 1, 2, 4, xr, x0 + 64, s0, s1)
-        s0, s1 = d * scale_q3k(w, off, j + 6), d * scale_q3k(w, off, j + 7)
-        dot_bits_hi(acc, w, q, 6, 3, off, 4 * h + 3, 1, 2, 4, xr, x0 + 96, s0, s1)
+    scales = scales_q3k(w, off)
+    dot_super_block(acc, w, off, xr, b * QK_K, xsr, b * 16, scales, d, opaque_one(halves))
     return f32(0.0)
 
 
 # flat, starts, ends: one or more weights' bytes (see block_matmul), x: [n, in] -> out: [n, rows]
 @njit(parallel=True, cache=True)
 def matmul_fused(flat, starts, ends, halves, x, out):
-    block_matmul(block_dot, flat, starts, ends, halves, x, out, QK_K, TYPE_SIZE, 0)
+    block_matmul(block_dot, flat, starts, ends, halves, x, out, QK_K, TYPE_SIZE, SUM_GROUP, np.int8)
 
 
 register(

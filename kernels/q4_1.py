@@ -65,7 +65,7 @@ def block_dot(acc, w, off, xr, xsr, b, dx, halves):
 # flat, starts, ends: one or more weights' bytes (see block_matmul), x: [n, in] -> out: [n, rows]
 @njit(parallel=True, cache=True)
 def matmul_fused(flat, starts, ends, halves, x, out):
-    block_matmul(block_dot, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE, BLOCK)
+    block_matmul(block_dot, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE, BLOCK, np.int16)
 
 
 UNIT = register(

@@ -10,11 +10,11 @@ from gguf import GGMLQuantizationType
 from numba import njit
 
 from .block_matmul import block_matmul, fused, parts_of
-from .floatbits import read_half
-from .kquant_common import QK_K, SUM_GROUP, f16_at, scale_min_k4, sub_block_pair_k4
+from .floatbits import opaque_one, read_half
+from .kquant_common import QK_K, SUM_GROUP, f16_at, mins_k4, scale_min_k4, scales_k4
+from .kquant_dot import GROUPS, Field, Layout, super_block_dot
 from .matmul import each_row, row_tile_matmul
 from .registry import QuantType, register
-from .simd import dot_bits_hi
 
 TYPE_SIZE = 176
 f32 = np.float32
@@ -52,26 +52,31 @@ def matmul_rows(raw, x, out):
     row_tile_matmul(dequantize_row, raw, x, out)
 
 
-# acc: [LANES], w: one row's bytes, off: super-block b's offset in w, xr: [in], xsr: [in/16] sums
-# -> adds d * sc_j * sum(q * xq) of each sub-block j into acc; returns the mins' share,
-# -dmin * dx * sum(m_j * sub-block sum of xq) (see block_matmul)
+# sub-block j: low 4 bits as in Q4_K, bit j of qh byte l as bit 4 of element l
+LAYOUT = Layout(
+    fields=tuple(
+        (Field(48 + 32 * (j // 2), 4 * (j % 2), 4), Field(16, j, 1, 4)) for j in range(GROUPS)
+    ),
+    scale_index=tuple((2 * j, 2 * j + 1) for j in range(GROUPS)),
+)
+dot_super_block = super_block_dot(LAYOUT)
+
+
+# acc: [LANES], w: one row's bytes, off: super-block b's offset in w, xr: [in] int8, xsr:
+# [in/16] sums -> adds d * dx * sum_j sc_j * sum(q * xq) over the sub-blocks j into acc;
+# returns the mins' share, -dmin * dx * sum_j m_j * (sub-block sum of xq) (see block_matmul)
 @njit(cache=True, inline="always")
 def block_dot(acc, w, off, xr, xsr, b, dx, halves):
     d = read_half(halves, w, off) * dx
-    mins = 0
-    for c in range(4):  # low 4 bits as in Q4_K; bit j of qh byte l is bit 4 of element l
-        s0, s1, m = sub_block_pair_k4(w, off, c, d, xsr, b)
-        mins += m
-        q, x0 = off + 48 + 32 * c, b * QK_K + 64 * c
-        dot_bits_hi(acc, w, q, 0, 15, off + 16, 2 * c, 1, 4, 0, xr, x0, s0, s0)
-        dot_bits_hi(acc, w, q, 4, 15, off + 16, 2 * c + 1, 1, 4, 0, xr, x0 + 32, s1, s1)
-    return -read_half(halves, w, off + 2) * dx * f32(mins)
+    scales = scales_k4(w, off + 4)
+    dot_super_block(acc, w, off, xr, b * QK_K, xsr, b * 16, scales, d, opaque_one(halves))
+    return -read_half(halves, w, off + 2) * dx * f32(mins_k4(w, off + 4, xsr, b * 16))
 
 
 # flat, starts, ends: one or more weights' bytes (see block_matmul), x: [n, in] -> out: [n, rows]
 @njit(parallel=True, cache=True)
 def matmul_fused(flat, starts, ends, halves, x, out):
-    block_matmul(block_dot, flat, starts, ends, halves, x, out, QK_K, TYPE_SIZE, SUM_GROUP)
+    block_matmul(block_dot, flat, starts, ends, halves, x, out, QK_K, TYPE_SIZE, SUM_GROUP, np.int8)
 
 
 register(

@@ -10,14 +10,15 @@ from gguf import GGMLQuantizationType
 from numba import njit
 
 from .block_matmul import block_matmul, fused, parts_of
-from .floatbits import read_half
-from .kquant_common import I32, QK_K, f16_at
+from .floatbits import opaque_one, read_half
+from .kquant_common import I32, QK_K, SUM_GROUP, f16_at
+from .kquant_dot import GROUPS, Field, Layout, super_block_dot
 from .matmul import each_row, row_tile_matmul
 from .registry import QuantType, register
-from .simd import dot_bits_hi
 
 TYPE_SIZE = 210
 f32 = np.float32
+# the masks of q's low and high bits, and the shift of the last quarter's (see opaque_u8)
 
 
 # b: a byte -> its value as int8 (-128..127)
@@ -69,42 +70,37 @@ def matmul_rows(raw, x, out):
     row_tile_matmul(dequantize_row, raw, x, out)
 
 
-# w: bytes, i: offset of an int8 scale, d: block scale -> d * scale
-@njit(cache=True, inline="always")
-def scale(w, i, d):
-    return d * f32(i8(w[i]))
+# group g = 4h + s: elements 128h + 32s + l (low 4 bits in ql, 2 high bits in qh; see above),
+# its two 16-weight halves scaled by the int8 scales 2g and 2g + 1
+LAYOUT = Layout(
+    fields=tuple(
+        (
+            Field(64 * (g // 4) + 32 * (g % 2), 4 * ((g % 4) // 2), 4),
+            Field(128 + 32 * (g // 4), 2 * (g % 4), 2, 4),
+        )
+        for g in range(GROUPS)
+    ),
+    scale_index=tuple((2 * g, 2 * g + 1) for g in range(GROUPS)),
+    scales_at=192,
+    offset=32,
+)
+dot_super_block = super_block_dot(LAYOUT)
 
 
-# acc: [LANES], w: one row's bytes, off: super-block b's offset in w, xr: [in] -> adds
-# d * sc * sum((q - 32) * xq) of each 16-weight group into acc (see block_matmul)
+# acc: [LANES], w: one row's bytes, off: super-block b's offset in w, xr: [in] int8, xsr:
+# [in/16] sums of xr -> adds d * dx * sum_j sc_j * sum((q - 32) * xq) over the 16-weight groups
+# j into acc (see block_matmul)
 @njit(cache=True, inline="always")
 def block_dot(acc, w, off, xr, xsr, b, dx, halves):
     d = read_half(halves, w, off + 208) * dx
-    for h in range(2):  # elements 128h + 32s + l: low bits in ql, 2 high bits in qh
-        sc, ql, qh, x0 = off + 192 + 8 * h, off + 64 * h, off + 128 + 32 * h, b * QK_K + 128 * h
-        s0, s1, s2, s3 = (
-            scale(w, sc, d),
-            scale(w, sc + 1, d),
-            scale(w, sc + 2, d),
-            scale(w, sc + 3, d),
-        )
-        s4, s5, s6, s7 = (
-            scale(w, sc + 4, d),
-            scale(w, sc + 5, d),
-            scale(w, sc + 6, d),
-            scale(w, sc + 7, d),
-        )
-        dot_bits_hi(acc, w, ql, 0, 15, qh, 0, 3, 4, 32, xr, x0, s0, s1)
-        dot_bits_hi(acc, w, ql + 32, 0, 15, qh, 2, 3, 4, 32, xr, x0 + 32, s2, s3)
-        dot_bits_hi(acc, w, ql, 4, 15, qh, 4, 3, 4, 32, xr, x0 + 64, s4, s5)
-        dot_bits_hi(acc, w, ql + 32, 4, 15, qh, 6, 3, 4, 32, xr, x0 + 96, s6, s7)
+    dot_super_block(acc, w, off, xr, b * QK_K, xsr, b * 16, 0, d, opaque_one(halves))
     return f32(0.0)
 
 
 # flat, starts, ends: one or more weights' bytes (see block_matmul), x: [n, in] -> out: [n, rows]
 @njit(parallel=True, cache=True)
 def matmul_fused(flat, starts, ends, halves, x, out):
-    block_matmul(block_dot, flat, starts, ends, halves, x, out, QK_K, TYPE_SIZE, 0)
+    block_matmul(block_dot, flat, starts, ends, halves, x, out, QK_K, TYPE_SIZE, SUM_GROUP, np.int8)
 
 
 register(

@@ -13,6 +13,7 @@ blocks).
 """
 
 from llvmlite import ir
+from llvmlite.ir.instructions import Instruction
 from numba import types
 from numba.extending import intrinsic
 
@@ -45,10 +46,49 @@ def _pick(builder, v, idx):
 
 
 def _pair_sums(builder, w, x):
-    # w, x: <32 x i8 | i16> -> <16 x i32>, lane i = w[2i] * x[2i] + w[2i+1] * x[2i+1]: the shape
+    # w, x: <n x i8 | i16> -> <n/2 x i32>, lane i = w[2i] * x[2i] + w[2i+1] * x[2i+1]: the shape
     # LLVM turns into multiply-add-pairs instructions
-    prod = builder.mul(builder.sext(w, _vec(_I32, 32)), builder.sext(x, _vec(_I32, 32)))
-    return builder.add(_pick(builder, prod, range(0, 32, 2)), _pick(builder, prod, range(1, 32, 2)))
+    n = w.type.count
+    prod = builder.mul(builder.sext(w, _vec(_I32, n)), builder.sext(x, _vec(_I32, n)))
+    return builder.add(_pick(builder, prod, range(0, n, 2)), _pick(builder, prod, range(1, n, 2)))
+
+
+class _Freeze(Instruction):
+    # LLVM's `freeze` (llvmlite's builder has none): the value unchanged, and a wall that keeps
+    # the optimizer from moving the shuffles below (even and odd bytes) into the value's sources
+    def __init__(self, parent, value):
+        super().__init__(parent, value.type, "freeze", [value])
+
+    def descr(self, buf):
+        (value,) = self.operands
+        buf.append(f"freeze {value.type} {value.get_reference()}\n")
+
+
+def _freeze(builder, value):
+    instr = _Freeze(builder.block, value)
+    builder._insert(instr)
+    return instr
+
+
+def _byte_pair_sums(builder, q, x):
+    # q: <32 x i8> unsigned, x: <32 x i8> signed -> <16 x i16>, lane i = q[2i] * x[2i] +
+    # q[2i+1] * x[2i+1], saturated to 16 bits: the unsigned-by-signed byte multiply-add
+    # (vpmaddubsw on x86), in the shape LLVM selects it from. LLVM keeps the saturation, and so
+    # the shape, only while it cannot bound q; callers keep q's bounds from it and below
+    # 64, so that nothing ever saturates (2 * 63 * 128 < 2**15).
+    w32 = _vec(_I32, 16)
+    q = _freeze(builder, q)
+    sums = None
+    for half in (range(0, 32, 2), range(1, 32, 2)):
+        qh = builder.zext(_pick(builder, q, half), w32)
+        xh = builder.sext(_pick(builder, x, half), w32)
+        prod = builder.mul(qh, xh)
+        sums = prod if sums is None else builder.add(sums, prod)
+    low = ir.Constant(w32, [-(1 << 15)] * 16)
+    high = ir.Constant(w32, [(1 << 15) - 1] * 16)
+    sums = builder.select(builder.icmp_signed(">", sums, low), sums, low)
+    sums = builder.select(builder.icmp_signed("<", sums, high), sums, high)
+    return builder.trunc(sums, _vec(_I16, 16))
 
 
 def _scaled(builder, sums, scale):
@@ -72,14 +112,6 @@ def _accumulate_dot(context, builder, acc_type, acc, w, x, scale):
     pairs = _pair_sums(builder, w, x)
     sums = builder.add(_pick(builder, pairs, range(8)), _pick(builder, pairs, range(8, 16)))
     _add_to(context, builder, acc_type, acc, [_scaled(builder, sums, scale)])
-
-
-def _accumulate_dot_halves(context, builder, acc_type, acc, w, x, scale_lo, scale_hi):
-    # as _accumulate_dot, with products 0..15 times scale_lo and 16..31 times scale_hi
-    pairs = _pair_sums(builder, w, x)
-    low = _scaled(builder, _pick(builder, pairs, range(8)), scale_lo)
-    high = _scaled(builder, _pick(builder, pairs, range(8, 16)), scale_hi)
-    _add_to(context, builder, acc_type, acc, [low, high])
 
 
 def _activations(context, builder, array_type, array, offset):
@@ -173,51 +205,3 @@ def dot_u5(typingctx, acc, w, wi, hi, offset, x, xi, scale):
         return context.get_dummy_value()
 
     return types.void(acc, w, wi, hi, types.uint8, x, xi, types.float32), codegen
-
-
-def _bits(builder, ptr, shift, mask):
-    # 32 bytes at ptr -> <32 x i8>: (byte >> shift) & mask
-    b = _load(builder, ptr, _vec(_I8, 32))
-    return builder.and_(builder.lshr(b, _splat(builder, shift, 32)), _splat(builder, mask, 32))
-
-
-_K_ARGS = (types.uint8, types.uint8)  # shift, mask
-
-
-@intrinsic
-def dot_bits(typingctx, acc, w, wi, shift, mask, x, xi, scale_lo, scale_hi):
-    """acc[0:8] += dot(q[0:16], x[xi:xi+16]) * scale_lo + dot(q[16:32], x[xi+16:xi+32]) *
-    scale_hi, where q = (w[wi:wi+32] >> shift) & mask (the K-quants' 2- and 4-bit fields; their
-    scales change every 16 or 32 weights)."""
-
-    def codegen(context, builder, sig, args):
-        acc, w, wi, shift, mask, x, xi, scale_lo, scale_hi = args
-        q = _bits(builder, _ptr(context, builder, sig.args[1], w, wi), shift, mask)
-        xv = _activations(context, builder, sig.args[5], x, xi)
-        _accumulate_dot_halves(context, builder, sig.args[0], acc, q, xv, scale_lo, scale_hi)
-        return context.get_dummy_value()
-
-    f32 = types.float32
-    return types.void(acc, w, wi, *_K_ARGS, x, xi, f32, f32), codegen
-
-
-@intrinsic
-def dot_bits_hi(
-    typingctx, acc, w, wi, shift, mask, hi, hi_shift, hi_mask, hi_pos, offset, x, xi, s_lo, s_hi
-):
-    """As dot_bits with q = ((w[wi:] >> shift) & mask | ((w[hi:] >> hi_shift) & hi_mask) << hi_pos)
-    - offset: the K-quants whose high bits sit in a separate array (Q3_K, Q5_K, Q6_K)."""
-
-    def codegen(context, builder, sig, args):
-        acc, w, wi, shift, mask, hi, hi_shift, hi_mask, hi_pos, offset, x, xi, s_lo, s_hi = args
-        q = _bits(builder, _ptr(context, builder, sig.args[1], w, wi), shift, mask)
-        high = _bits(builder, _ptr(context, builder, sig.args[1], w, hi), hi_shift, hi_mask)
-        q = builder.or_(q, builder.shl(high, _splat(builder, hi_pos, 32)))
-        q = builder.sub(q, _splat(builder, offset, 32))
-        xv = _activations(context, builder, sig.args[10], x, xi)
-        _accumulate_dot_halves(context, builder, sig.args[0], acc, q, xv, s_lo, s_hi)
-        return context.get_dummy_value()
-
-    u8, f32 = types.uint8, types.float32
-    arg_types = (acc, w, wi, u8, u8, hi, u8, u8, u8, u8, x, xi, f32, f32)
-    return types.void(*arg_types), codegen

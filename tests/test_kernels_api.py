@@ -171,7 +171,7 @@ def test_act_quant_round_trip_and_sums(block, sum_group):
     rng = np.random.default_rng(block + sum_group)
     x = rng.standard_normal((3, 4 * block)).astype(np.float32)
     x[1, :block] = 0.0  # an all-zero block gets scale 0, not NaN
-    q, d, sums = quantize_rows(x, block, sum_group)
+    q, d, sums = quantize_rows(x, block, sum_group, np.int16)
     assert q.dtype == np.int16 and d.shape == (3, 4) and d[1, 0] == 0.0
     back = q.reshape(3, 4, block) * d[:, :, None]
     assert np.all(np.abs(back.reshape(3, -1) - x) <= np.repeat(d, block, axis=1) / 2 + 1e-7)
