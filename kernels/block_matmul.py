@@ -11,7 +11,7 @@ import numpy as np
 from numba import njit, prange
 
 from .act_quant import quantize_rows
-from .floatbits import HALF_TABLE
+from .floatbits import HALF_TABLE, opaque_one
 from .simd import LANES, prefetch
 
 ROWS = 4  # written out in the loop below
@@ -36,10 +36,11 @@ def row_offset(starts, ends, r, row_bytes):
     return starts[p] + (r - (ends[p - 1] if p > 0 else 0)) * row_bytes
 
 
-# block_dot(acc f32[LANES], w u8[size], off, xr int8|int16[in], xsr int32[groups], b, dx, halves)
-# -> float: adds block b of a weight row (its bytes at w[off]) times activation block b (xr, its
-# sums xsr, its scale dx) into acc's lanes, and returns any part it computes as a scalar (a min
-# term); halves: floatbits.HALF_TABLE, for the block's float16 scales.
+# block_dot(acc f32[LANES], w u8[size], off, xr int8|int16[in], xsr int32[groups], b, dx, halves,
+# one) -> float: adds block b of a weight row (its bytes at w[off]) times activation block b (xr,
+# its sums xsr, its scale dx) into acc's lanes, and returns any part it computes as a scalar (a
+# min or offset term); halves: floatbits.HALF_TABLE, for the block's float16 scales; one:
+# floatbits.opaque_one, for the byte products (see simd._byte_pair_sums).
 # flat: uint8 bytes holding the weight's parts (see row_offset; one weight: starts = [0],
 # ends = [rows]), x: [n, in] float32 -> out: [n, sum of the parts' rows]: several weights of one
 # type and input size (Q, K and V) in one launch. x is quantized to int8 blocks of `block`
@@ -51,6 +52,7 @@ def block_matmul(
     block_dot, flat, starts, ends, halves, x, out, block, block_bytes, sum_group, q_type
 ):
     xq, xd, xs = quantize_rows(x, block, sum_group, q_type)
+    one = opaque_one(halves)  # read once, outside the parallel loop
     n = xq.shape[0]
     nb = xd.shape[1]
     row_bytes = nb * block_bytes
@@ -73,10 +75,10 @@ def block_matmul(
                 if t == 0:
                     prefetch_span(flat, ahead + ROWS * o, ROWS * block_bytes)
                 dx = xd[t, b]
-                s0 += block_dot(acc[0], flat, o0 + o, xr, xsr, b, dx, halves)
-                s1 += block_dot(acc[1], flat, o1 + o, xr, xsr, b, dx, halves)
-                s2 += block_dot(acc[2], flat, o2 + o, xr, xsr, b, dx, halves)
-                s3 += block_dot(acc[3], flat, o3 + o, xr, xsr, b, dx, halves)
+                s0 += block_dot(acc[0], flat, o0 + o, xr, xsr, b, dx, halves, one)
+                s1 += block_dot(acc[1], flat, o1 + o, xr, xsr, b, dx, halves, one)
+                s2 += block_dot(acc[2], flat, o2 + o, xr, xsr, b, dx, halves, one)
+                s3 += block_dot(acc[3], flat, o3 + o, xr, xsr, b, dx, halves, one)
             out[t, r0] = acc[0].sum() + s0
             if r0 + 1 <= last:
                 out[t, r0 + 1] = acc[1].sum() + s1

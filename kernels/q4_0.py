@@ -17,7 +17,7 @@ from .simd import dot_u4
 BLOCK, TYPE_SIZE = 32, 18
 i32, u32, f32 = np.int32, np.uint32, np.float32
 SIXTEENTH = f32(1.0 / 16)  # a nibble's weight in the high half of its byte
-U8 = np.uint8(8)
+EIGHT = f32(8.0)
 
 
 # w3: [rows, nb, block bytes], r, b, o -> the float16 at byte o of block b of row r, as float32
@@ -58,18 +58,20 @@ def matmul_rows(raw, x, out):
     row_tile_matmul(dequantize_row, raw, x, out)
 
 
-# acc: [LANES], w: one row's bytes, off: block b's offset in w, xr: [in] int8 -> adds
-# d * dx * sum((q - 8) * xq) of block b into acc (see block_matmul)
+# acc: [LANES], w: one row's bytes, off: block b's offset in w, xr: [in] int8, xsr: [nb] sums
+# of xr's blocks -> adds d * dx * sum(q * xq) of block b into acc; returns the offset's share,
+# -8 * d * dx * sum(xq) (the byte products take q unsigned; see block_matmul)
 @njit(cache=True, inline="always")
-def block_dot(acc, w, off, xr, xsr, b, dx, halves):
-    dot_u4(acc, w, off + 2, U8, xr, b * BLOCK, read_half(halves, w, off) * dx)
-    return f32(0.0)
+def block_dot(acc, w, off, xr, xsr, b, dx, halves, one):
+    d = read_half(halves, w, off) * dx
+    dot_u4(acc, w, off + 2, xr, b * BLOCK, d, one)
+    return -EIGHT * d * f32(xsr[b])
 
 
 # flat, starts, ends: one or more weights' bytes (see block_matmul), x: [n, in] -> out: [n, rows]
 @njit(parallel=True, cache=True)
 def matmul_fused(flat, starts, ends, halves, x, out):
-    block_matmul(block_dot, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE, 0, np.int16)
+    block_matmul(block_dot, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE, BLOCK, np.int8)
 
 
 UNIT = register(

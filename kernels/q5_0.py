@@ -17,7 +17,8 @@ from .simd import dot_u5
 BLOCK, TYPE_SIZE = 32, 22
 i16, u16, f32 = np.int16, np.uint16, np.float32
 S16 = np.int16(16)
-U16, U15, U4 = np.uint8(16), np.uint8(15), np.uint8(4)
+U15, U4 = np.uint8(15), np.uint8(4)
+SIXTEEN = np.float32(16.0)
 mul, band = np.multiply, np.bitwise_and
 
 
@@ -66,18 +67,20 @@ def matmul_rows(raw, x, out):
     row_tile_matmul(dequantize_row, raw, x, out)
 
 
-# acc: [LANES], w: one row's bytes, off: block b's offset in w, xr: [in] int8 -> adds
-# d * dx * sum((q - 16) * xq) of block b into acc (see block_matmul)
+# acc: [LANES], w: one row's bytes, off: block b's offset in w, xr: [in] int8, xsr: [nb] sums
+# of xr's blocks -> adds d * dx * sum(q * xq) of block b into acc; returns the offset's share,
+# -16 * d * dx * sum(xq) (the byte products take q unsigned; see block_matmul)
 @njit(cache=True, inline="always")
-def block_dot(acc, w, off, xr, xsr, b, dx, halves):
-    dot_u5(acc, w, off + 6, off + 2, U16, xr, b * BLOCK, read_half(halves, w, off) * dx)
-    return f32(0.0)
+def block_dot(acc, w, off, xr, xsr, b, dx, halves, one):
+    d = read_half(halves, w, off) * dx
+    dot_u5(acc, w, off + 6, off + 2, xr, b * BLOCK, d, one)
+    return -SIXTEEN * d * f32(xsr[b])
 
 
 # flat, starts, ends: one or more weights' bytes (see block_matmul), x: [n, in] -> out: [n, rows]
 @njit(parallel=True, cache=True)
 def matmul_fused(flat, starts, ends, halves, x, out):
-    block_matmul(block_dot, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE, 0, np.int16)
+    block_matmul(block_dot, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE, BLOCK, np.int8)
 
 
 UNIT = register(

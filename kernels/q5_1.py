@@ -15,7 +15,6 @@ from .simd import dot_u5
 
 BLOCK, TYPE_SIZE = 32, 24
 u32, f32 = np.uint32, np.float32
-U0 = np.uint8(0)
 
 
 # raw: [nb * 24] (one row) -> out: [nb * 32]
@@ -51,15 +50,15 @@ def matmul_rows(raw, x, out):
 # xr's blocks -> adds d * dx * sum(q * xq) of block b into acc; returns the min's share,
 # m * dx * sum(xq) (see block_matmul)
 @njit(cache=True, inline="always")
-def block_dot(acc, w, off, xr, xsr, b, dx, halves):
-    dot_u5(acc, w, off + 8, off + 4, U0, xr, b * BLOCK, read_half(halves, w, off) * dx)
+def block_dot(acc, w, off, xr, xsr, b, dx, halves, one):
+    dot_u5(acc, w, off + 8, off + 4, xr, b * BLOCK, read_half(halves, w, off) * dx, one)
     return read_half(halves, w, off + 2) * dx * f32(xsr[b])
 
 
 # flat, starts, ends: one or more weights' bytes (see block_matmul), x: [n, in] -> out: [n, rows]
 @njit(parallel=True, cache=True)
 def matmul_fused(flat, starts, ends, halves, x, out):
-    block_matmul(block_dot, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE, BLOCK, np.int16)
+    block_matmul(block_dot, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE, BLOCK, np.int8)
 
 
 UNIT = register(

@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType
 from numba import njit
 
 from .block_matmul import block_matmul, fused, parts_of
-from .floatbits import opaque_one, read_half
+from .floatbits import read_half
 from .kquant_common import QK_K, SUM_GROUP, f16_at, mins_k4, scale_min_k4, scales_k4
 from .kquant_dot import GROUPS, Field, Layout, super_block_dot
 from .matmul import each_row, row_tile_matmul
@@ -66,10 +66,10 @@ dot_super_block = super_block_dot(LAYOUT)
 # [in/16] sums -> adds d * dx * sum_j sc_j * sum(q * xq) over the sub-blocks j into acc;
 # returns the mins' share, -dmin * dx * sum_j m_j * (sub-block sum of xq) (see block_matmul)
 @njit(cache=True, inline="always")
-def block_dot(acc, w, off, xr, xsr, b, dx, halves):
+def block_dot(acc, w, off, xr, xsr, b, dx, halves, one):
     d = read_half(halves, w, off) * dx
     scales = scales_k4(w, off + 4)
-    dot_super_block(acc, w, off, xr, b * QK_K, xsr, b * 16, scales, d, opaque_one(halves))
+    dot_super_block(acc, w, off, xr, b * QK_K, xsr, b * 16, scales, d, one)
     return -read_half(halves, w, off + 2) * dx * f32(mins_k4(w, off + 4, xsr, b * 16))
 
 

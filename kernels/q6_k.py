@@ -10,7 +10,7 @@ from gguf import GGMLQuantizationType
 from numba import njit
 
 from .block_matmul import block_matmul, fused, parts_of
-from .floatbits import opaque_one, read_half
+from .floatbits import read_half
 from .kquant_common import I32, QK_K, SUM_GROUP, f16_at
 from .kquant_dot import GROUPS, Field, Layout, super_block_dot
 from .matmul import each_row, row_tile_matmul
@@ -91,9 +91,9 @@ dot_super_block = super_block_dot(LAYOUT)
 # [in/16] sums of xr -> adds d * dx * sum_j sc_j * sum((q - 32) * xq) over the 16-weight groups
 # j into acc (see block_matmul)
 @njit(cache=True, inline="always")
-def block_dot(acc, w, off, xr, xsr, b, dx, halves):
+def block_dot(acc, w, off, xr, xsr, b, dx, halves, one):
     d = read_half(halves, w, off + 208) * dx
-    dot_super_block(acc, w, off, xr, b * QK_K, xsr, b * 16, 0, d, opaque_one(halves))
+    dot_super_block(acc, w, off, xr, b * QK_K, xsr, b * 16, 0, d, one)
     return f32(0.0)
 
 

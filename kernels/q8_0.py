@@ -45,7 +45,7 @@ def matmul_rows(raw, x, out):
 # acc: [LANES], w: one row's bytes, off: block b's offset in w, xr: [in] int8 -> adds
 # d * dx * sum(q * xq) of block b into acc (see block_matmul)
 @njit(cache=True, inline="always")
-def block_dot(acc, w, off, xr, xsr, b, dx, halves):
+def block_dot(acc, w, off, xr, xsr, b, dx, halves, one):
     dot_i8(acc, w, off + 2, xr, b * BLOCK, read_half(halves, w, off) * dx)
     return f32(0.0)
 

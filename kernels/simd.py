@@ -120,12 +120,25 @@ def _activations(context, builder, array_type, array, offset):
     return _load(builder, _ptr(context, builder, array_type, array, offset), _vec(t, 32))
 
 
-def _nibbles(builder, ptr):
-    # 16 bytes at ptr -> <32 x i8>: the low nibbles of bytes 0..15, then their high nibbles
+def _nibbles(builder, ptr, one):
+    # 16 bytes at ptr -> <32 x i8>: the low nibbles of bytes 0..15, then their high nibbles; the
+    # mask and shift are multiples of one (a 1 LLVM cannot see: see _byte_pair_sums)
     b = _load(builder, ptr, _vec(_I8, 16))
-    low = builder.and_(b, _splat(builder, ir.Constant(_I8, 15), 16))
-    high = builder.lshr(b, _splat(builder, ir.Constant(_I8, 4), 16))
+    mask = _splat(builder, builder.mul(one, ir.Constant(_I8, 15)), 16)
+    low = builder.and_(b, mask)
+    high = builder.and_(
+        builder.lshr(b, _splat(builder, builder.mul(one, ir.Constant(_I8, 4)), 16)), mask
+    )
     return builder.shuffle_vector(low, high, ir.Constant(_vec(_I32, 32), list(range(32))))
+
+
+def _accumulate_bytes(context, builder, acc_type, acc, q, x, scale, one):
+    # q: <32 x i8> unsigned, x: <32 x i8> -> acc[0:8] += scale * partial sums of dot(q, x); the
+    # 16-bit pair sums are widened by a multiply-add by one (vpmaddwd, where a constant 1 would
+    # be folded into four shuffles and extensions)
+    ones = _splat(builder, builder.zext(one, _I16), 16)
+    sums = _pair_sums(builder, _byte_pair_sums(builder, q, x), ones)
+    _add_to(context, builder, acc_type, acc, [_scaled(builder, sums, scale)])
 
 
 @intrinsic
@@ -174,34 +187,32 @@ def dot_i8(typingctx, acc, w, wi, x, xi, scale):
 
 
 @intrinsic
-def dot_u4(typingctx, acc, w, wi, offset, x, xi, scale):
-    """acc[0:8] += scale * partial sums of dot(q - offset, x[xi:xi+32]), where q are the 32
-    nibbles of the 16 bytes w[wi:wi+16] (low nibbles first); offset: uint8."""
+def dot_u4(typingctx, acc, w, wi, x, xi, scale, one):
+    """acc[0:8] += scale * partial sums of dot(q, x[xi:xi+32]), where q are the 32 nibbles of the
+    16 bytes w[wi:wi+16] (low nibbles first) and x is int8; one: floatbits.opaque_one."""
 
     def codegen(context, builder, sig, args):
-        acc, w, wi, offset, x, xi, scale = args
-        q = _nibbles(builder, _ptr(context, builder, sig.args[1], w, wi))
-        q = builder.sub(q, _splat(builder, offset, 32))
-        xv = _activations(context, builder, sig.args[4], x, xi)
-        _accumulate_dot(context, builder, sig.args[0], acc, q, xv, scale)
+        acc, w, wi, x, xi, scale, one = args
+        q = _nibbles(builder, _ptr(context, builder, sig.args[1], w, wi), one)
+        xv = _activations(context, builder, sig.args[3], x, xi)
+        _accumulate_bytes(context, builder, sig.args[0], acc, q, xv, scale, one)
         return context.get_dummy_value()
 
-    return types.void(acc, w, wi, types.uint8, x, xi, types.float32), codegen
+    return types.void(acc, w, wi, x, xi, types.float32, types.uint8), codegen
 
 
 @intrinsic
-def dot_u5(typingctx, acc, w, wi, hi, offset, x, xi, scale):
+def dot_u5(typingctx, acc, w, wi, hi, x, xi, scale, one):
     """As dot_u4, with bit j of the little-endian uint32 at w[hi:hi+4] as bit 4 of nibble j."""
 
     def codegen(context, builder, sig, args):
-        acc, w, wi, hi, offset, x, xi, scale = args
-        q = _nibbles(builder, _ptr(context, builder, sig.args[1], w, wi))
+        acc, w, wi, hi, x, xi, scale, one = args
+        q = _nibbles(builder, _ptr(context, builder, sig.args[1], w, wi), one)
         bits = _load(builder, _ptr(context, builder, sig.args[1], w, hi), _I32)
         fifth = builder.zext(builder.bitcast(bits, _vec(_I1, 32)), _vec(_I8, 32))
         q = builder.or_(q, builder.shl(fifth, _splat(builder, ir.Constant(_I8, 4), 32)))
-        q = builder.sub(q, _splat(builder, offset, 32))
-        xv = _activations(context, builder, sig.args[5], x, xi)
-        _accumulate_dot(context, builder, sig.args[0], acc, q, xv, scale)
+        xv = _activations(context, builder, sig.args[4], x, xi)
+        _accumulate_bytes(context, builder, sig.args[0], acc, q, xv, scale, one)
         return context.get_dummy_value()
 
-    return types.void(acc, w, wi, hi, types.uint8, x, xi, types.float32), codegen
+    return types.void(acc, w, wi, hi, x, xi, types.float32, types.uint8), codegen

@@ -28,7 +28,7 @@ def block_dots_module() -> ir.Module:
     w, x, acc, scale = fn.args
     b = ir.IRBuilder(fn.append_basic_block())
     xv = b.load(b.bitcast(x, simd._vec(I16, 32).as_pointer()), align=1)
-    nibbles = simd._pair_sums(b, simd._nibbles(b, w), xv)
+    nibbles = simd._pair_sums(b, simd._nibbles(b, w, ir.Constant(I8, 1)), xv)
     lanes = [simd._pick(b, nibbles, range(8)), simd._pick(b, nibbles, range(8, 16))]
     acc_ptr = b.bitcast(acc, simd._vec(F32, simd.LANES).as_pointer())
     total = b.load(acc_ptr, align=4)
