@@ -7,8 +7,8 @@ unpacking.
 
 Small-n matmul (`block_matmul`): x is quantized like llama.cpp's q8_K (int8 per 256-block with
 one float scale, plus sums of every 16 int8 values, which fold the K-quant minimums and
-offsets out of the dot products). Each unit's `block_dot` decodes what its layout needs in
-scalar code (scales, minimums) and takes the weights through `kquant_dot.super_block_dot`.
+offsets out of the dot products). Each unit's `block_dot` hands its super-block to the
+intrinsic `kquant_dot.super_block_dot` builds from the type's layout.
 """
 
 import numpy as np
@@ -36,28 +36,3 @@ def scale_min_k4(w, off, j):
     sc = (w[off + j + 4] & 0x0F) | ((w[off + j - 4] >> 6) << 4)
     m = (w[off + j + 4] >> 4) | ((w[off + j] >> 6) << 4)
     return I32(sc), I32(m)
-
-
-# w: bytes, off: offset of a Q4_K/Q5_K super-block's 12 scale bytes -> its 8 sub-block scales
-@njit(cache=True, inline="always")
-def scales_k4(w, off):
-    return (
-        scale_min_k4(w, off, 0)[0],
-        scale_min_k4(w, off, 1)[0],
-        scale_min_k4(w, off, 2)[0],
-        scale_min_k4(w, off, 3)[0],
-        scale_min_k4(w, off, 4)[0],
-        scale_min_k4(w, off, 5)[0],
-        scale_min_k4(w, off, 6)[0],
-        scale_min_k4(w, off, 7)[0],
-    )
-
-
-# w, off: as scales_k4, xsr: activation sums per 16 values, g: the super-block's first sum ->
-# the mins' term sum_j m_j * (sum of xq over sub-block j)
-@njit(cache=True, inline="always")
-def mins_k4(w, off, xsr, g):
-    mins = 0
-    for j in range(8):
-        mins += scale_min_k4(w, off, j)[1] * (xsr[g + 2 * j] + xsr[g + 2 * j + 1])
-    return mins

@@ -53,17 +53,22 @@ class Layout(NamedTuple):
     """A K-quant type's super-block, group by group.
 
     fields[g]: the Fields making group g's q; scale_index[g]: the indices of the scales of its
-    two 16-weight halves in the super-block's 16 scales; scales_at: None when the scales come as
-    values (8 per 32 weights or 16 per 16, decoded by the unit), or the byte offset of 16 scale
-    bytes (signed int8, or unsigned with scale_mask applied); offset: subtracted from every q
-    (0 for types with minimums, which the unit folds in itself)."""
+    two 16-weight halves in the super-block's 16 scales (one per 16 weights); scales: where the
+    scales (and minimums) come from, one of SCALE_SOURCES, read at byte scales_at of the block;
+    offset: subtracted from every q."""
 
     fields: tuple
     scale_index: tuple
-    scales_at: int | None = None
-    scale_signed: bool = True
-    scale_mask: int = 0xFF
+    scales: str
+    scales_at: int = 0
     offset: int = 0
+
+
+# "int8": 16 signed bytes (Q6_K); "nibbles": 16 bytes, scale in the low nibble, minimum in the
+# high one (Q2_K); "packed6": 12 bytes holding 8 6-bit scales and 8 6-bit minimums (Q4_K,
+# Q5_K); "signed6": 12 bytes holding 16 6-bit scales, stored plus 32 (Q3_K).
+SCALE_SOURCES = ("int8", "nibbles", "packed6", "signed6")
+_HAS_MINS = ("nibbles", "packed6")
 
 
 def _field(context, builder, w_type, w, off, field, one):
@@ -82,36 +87,96 @@ def _opaque_splat(builder, one, value):
     return _splat(builder, builder.mul(one, ir.Constant(_I8, value)), GROUP)
 
 
-def _scale_vector(context, builder, layout, w_type, w, off, scales_type, scales):
-    # -> <16 x i16>: the super-block's scales, one per 16 weights
-    if layout.scales_at is not None:
-        at = builder.add(off, ir.Constant(off.type, layout.scales_at))
+def _scales_and_mins(context, builder, layout, w_type, w, off):
+    # -> (<16 x i16> scales, <16 x i32> minimums or None): one per 16 weights
+    at = builder.add(off, ir.Constant(off.type, layout.scales_at))
+    if layout.scales in ("packed6", "signed6"):  # 12 bytes: load them, not the 4 after
+        raw = _load(builder, _ptr(context, builder, w_type, w, at), _vec(_I8, 12))
+        raw = _pick(builder, raw, list(range(12)) + [0] * 4)
+    else:
         raw = _load(builder, _ptr(context, builder, w_type, w, at), _vec(_I8, 16))
-        if layout.scale_mask != 0xFF:
-            raw = builder.and_(raw, _splat(builder, ir.Constant(_I8, layout.scale_mask), 16))
-        widen = builder.sext if layout.scale_signed else builder.zext
-        return widen(raw, _vec(_I16, 16))
-    count = scales_type.count
-    v = ir.Constant(_vec(_I16, 16), None)
-    for i in range(16):
-        value = builder.trunc(builder.extract_value(scales, i * count // 16), _I16)
-        v = builder.insert_element(v, value, ir.Constant(_I32, i))
-    return v
+    if layout.scales == "signed6":
+        return _signed6(builder, raw), None
+    if layout.scales == "int8":
+        return builder.sext(raw, _vec(_I16, 16)), None
+    if layout.scales == "nibbles":
+        low = builder.and_(raw, _splat(builder, ir.Constant(_I8, 15), 16))
+        high = builder.lshr(raw, _splat(builder, ir.Constant(_I8, 4), 16))
+        return builder.zext(low, _vec(_I16, 16)), builder.zext(high, _vec(_I32, 16))
+    sc, mins = _packed6(builder, raw)
+    per_16 = [i // 2 for i in range(16)]  # each 32-weight sub-block's value twice
+    return (
+        _pick(builder, builder.zext(sc, _vec(_I16, 8)), per_16),
+        _pick(builder, builder.zext(mins, _vec(_I32, 8)), per_16),
+    )
+
+
+def _signed6(builder, b):
+    # b: <16 x i8>, 12 scale bytes first -> <16 x i16>: scale j = (b[j % 8] >> 4 * (j // 8)) & 15
+    # | ((b[8 + j % 4] >> 2 * (j // 4)) & 3) << 4, minus 32
+    def const(value):
+        return _splat(builder, ir.Constant(_I8, value), 16)
+
+    def lanes_below(n):
+        return ir.Constant(_vec(ir.IntType(1), 16), [int(j < n) for j in range(16)])
+
+    low = _pick(builder, b, list(range(8)) * 2)
+    low = builder.select(lanes_below(8), builder.and_(low, const(15)), builder.lshr(low, const(4)))
+    high = _pick(builder, b, [8, 9, 10, 11] * 4)
+    quarter = [builder.and_(builder.lshr(high, const(2 * k)), const(3)) for k in range(4)]
+    high = builder.select(
+        lanes_below(4),
+        quarter[0],
+        builder.select(
+            lanes_below(8), quarter[1], builder.select(lanes_below(12), quarter[2], quarter[3])
+        ),
+    )
+    sc = builder.zext(builder.or_(low, builder.shl(high, const(4))), _vec(_I16, 16))
+    return builder.sub(sc, _splat(builder, ir.Constant(_I16, 32), 16))
+
+
+def _packed6(builder, b):
+    # b: <16 x i8>, the 12 scale bytes first -> (<8 x i8> scales, <8 x i8> minimums), 6 bits
+    # each: j < 4: b[j] & 63, b[j + 4] & 63; j >= 4: b[j + 4] & 15 | (b[j - 4] >> 6) << 4,
+    # b[j + 4] >> 4 | (b[j] >> 6) << 4
+    def const(values):
+        return ir.Constant(_vec(_I8, 8), values)
+
+    first = ir.Constant(_vec(ir.IntType(1), 8), [1] * 4 + [0] * 4)
+    six = const([63] * 8)
+    low4 = const([15] * 8)
+
+    def top_two(idx):  # (b[idx] >> 6) << 4
+        return builder.shl(builder.lshr(_pick(builder, b, idx), const([6] * 8)), const([4] * 8))
+
+    tail = _pick(builder, b, [8, 9, 10, 11] * 2)  # b[j + 4] for j >= 4
+    sc_low = builder.select(first, _pick(builder, b, range(8)), builder.and_(tail, low4))
+    sc = builder.select(
+        first, builder.and_(sc_low, six), builder.or_(sc_low, top_two([0, 1, 2, 3] * 2))
+    )
+    m_low = builder.select(
+        first, _pick(builder, b, [4, 5, 6, 7] * 2), builder.lshr(tail, const([4] * 8))
+    )
+    mins = builder.select(
+        first, builder.and_(m_low, six), builder.or_(m_low, top_two([4, 5, 6, 7] * 2))
+    )
+    return sc, mins
 
 
 def super_block_dot(layout: Layout):
-    """-> intrinsic dot(acc, w, off, x, xi, xs, xsi, scales, scale, one): acc[0:8] += scale *
-    partial sums of sum_g sum_l sc * (q - offset) * x over the super-block at w[off:], with
-    x[xi:xi+256] int8 activations and xs[xsi:xsi+16] their sums per 16 (read only when the
-    layout has an offset); scales: the scale values (a tuple) or anything when the layout reads
-    them from the block; one: floatbits.opaque_u8 of 1."""
+    """-> intrinsic dot(acc, w, off, x, xi, xs, xsi, scale, min_scale, one): acc[0:8] += partial
+    sums of scale * sum_j sc_j * sum((q - offset) * x) - min_scale * sum_j m_j * sum(x) over
+    the super-block at w[off:] (j: its 16-weight sub-blocks), with x[xi:xi+256] int8
+    activations and xs[xsi:xsi+16] their sums per 16; min_scale: unused without minimums;
+    one: floatbits.opaque_one."""
+    assert layout.scales in SCALE_SOURCES, layout.scales
 
     @intrinsic
-    def dot(typingctx, acc, w, off, x, xi, xs, xsi, scales, scale, one):
+    def dot(typingctx, acc, w, off, x, xi, xs, xsi, scale, min_scale, one):
         def codegen(context, builder, sig, args):
-            acc, w, off, x, xi, xs, xsi, scales, scale, one = args
+            acc, w, off, x, xi, xs, xsi, scale, min_scale, one = args
             w_type = sig.args[1]
-            sc = _scale_vector(context, builder, layout, w_type, w, off, sig.args[7], scales)
+            sc, mins = _scales_and_mins(context, builder, layout, w_type, w, off)
             total = None
             for g in range(GROUPS):
                 q = None
@@ -124,17 +189,28 @@ def super_block_dot(layout: Layout):
                 group_scales = _pick(builder, sc, [lo] * 8 + [hi] * 8)
                 part = _pair_sums(builder, _byte_pair_sums(builder, q, xv), group_scales)
                 total = part if total is None else builder.add(total, part)
-            if layout.offset:
+            if layout.offset or mins is not None:
                 sums = _load(builder, _ptr(context, builder, sig.args[5], xs, xsi), _vec(_I32, 16))
-                weighted = builder.mul(builder.sext(sc, _vec(_I32, 16)), sums)
-                weighted = builder.add(
-                    _pick(builder, weighted, range(8)), _pick(builder, weighted, range(8, 16))
-                )
+            if layout.offset:
                 offset = _splat(builder, ir.Constant(_I32, layout.offset), LANES)
-                total = builder.sub(total, builder.mul(weighted, offset))
-            _add_to(context, builder, sig.args[0], acc, [_scaled(builder, total, scale)])
+                total = builder.sub(total, builder.mul(_per_16(builder, sc, sums), offset))
+            parts = [_scaled(builder, total, scale)]
+            if mins is not None:
+                parts.append(
+                    _scaled(builder, _per_16(builder, mins, sums), builder.fneg(min_scale))
+                )
+            _add_to(context, builder, sig.args[0], acc, parts)
             return context.get_dummy_value()
 
-        return types.void(acc, w, off, x, xi, xs, xsi, scales, types.float32, types.uint8), codegen
+        f32 = types.float32
+        return types.void(acc, w, off, x, xi, xs, xsi, f32, f32, types.uint8), codegen
 
     return dot
+
+
+def _per_16(builder, values, sums):
+    # values: <16 x i16|i32>, sums: <16 x i32> -> <8 x i32> lanes of sum(values * sums)
+    weighted = builder.mul(
+        builder.sext(values, _vec(_I32, 16)) if values.type.element.width < 32 else values, sums
+    )
+    return builder.add(_pick(builder, weighted, range(8)), _pick(builder, weighted, range(8, 16)))

@@ -11,7 +11,7 @@ from numba import njit
 
 from .block_matmul import block_matmul, fused, parts_of
 from .floatbits import read_half
-from .kquant_common import I32, QK_K, SUM_GROUP, f16_at
+from .kquant_common import QK_K, SUM_GROUP, f16_at
 from .kquant_dot import GROUPS, Field, Layout, super_block_dot
 from .matmul import each_row, row_tile_matmul
 from .registry import QuantType, register
@@ -57,29 +57,23 @@ def scale(w, i, d):
 
 
 # group g = 4h + s: elements 128h + 32s + l, bits 2s..2s+1 of qs byte 32h + l; its 16-weight
-# halves scaled by the low nibbles of scale bytes 2g and 2g + 1
+# halves scaled by the low nibbles of scale bytes 2g and 2g + 1 (minimums: the high ones)
 LAYOUT = Layout(
     fields=tuple((Field(16 + 32 * (g // 4), 2 * (g % 4), 2),) for g in range(GROUPS)),
     scale_index=tuple((2 * g, 2 * g + 1) for g in range(GROUPS)),
-    scales_at=0,
-    scale_signed=False,
-    scale_mask=0x0F,
+    scales="nibbles",
 )
 dot_super_block = super_block_dot(LAYOUT)
 
 
 # acc: [LANES], w: one row's bytes, off: super-block b's offset in w, xr: [in] int8, xsr:
-# [in/16] sums -> adds d * dx * sum_j sc_j * sum(q * xq) over the 16-weight groups j into acc;
-# returns the mins' share, -dmin * dx * sum_j m_j * (group sum of xq) (see block_matmul)
+# [in/16] sums -> adds d * dx * sum_j sc_j * sum(q * xq) - dmin * dx * sum_j m_j * sum(xq)
+# over the 16-weight groups j into acc (see block_matmul)
 @njit(cache=True, inline="always")
 def block_dot(acc, w, off, xr, xsr, b, dx, halves, one):
-    d = read_half(halves, w, off + 80) * dx
-    dot_super_block(acc, w, off, xr, b * QK_K, xsr, b * 16, 0, d, one)
-    mins = 0
-    g = b * 16
-    for j in range(16):
-        mins += I32(w[off + j] >> 4) * xsr[g + j]
-    return -read_half(halves, w, off + 82) * dx * f32(mins)
+    d, dmin = read_half(halves, w, off + 80) * dx, read_half(halves, w, off + 82) * dx
+    dot_super_block(acc, w, off, xr, b * QK_K, xsr, b * 16, d, dmin, one)
+    return f32(0.0)
 
 
 # flat, starts, ends: one or more weights' bytes (see block_matmul), x: [n, in] -> out: [n, rows]

@@ -67,32 +67,11 @@ LAYOUT = Layout(
         (Field(32 + 32 * (g // 4), 2 * (g % 4), 2), Field(0, g, 1, 2)) for g in range(GROUPS)
     ),
     scale_index=tuple((2 * g, 2 * g + 1) for g in range(GROUPS)),
+    scales="signed6",
+    scales_at=96,
     offset=4,
 )
 dot_super_block = super_block_dot(LAYOUT)
-
-
-# w: bytes, off: a super-block's offset -> its 16 scales (6 bits, minus 32)
-@njit(cache=True, inline="always")
-def scales_q3k(w, off):
-    return (
-        scale_q3k(w, off, 0),
-        scale_q3k(w, off, 1),
-        scale_q3k(w, off, 2),
-        scale_q3k(w, off, 3),
-        scale_q3k(w, off, 4),
-        scale_q3k(w, off, 5),
-        scale_q3k(w, off, 6),
-        scale_q3k(w, off, 7),
-        scale_q3k(w, off, 8),
-        scale_q3k(w, off, 9),
-        scale_q3k(w, off, 10),
-        scale_q3k(w, off, 11),
-        scale_q3k(w, off, 12),
-        scale_q3k(w, off, 13),
-        scale_q3k(w, off, 14),
-        scale_q3k(w, off, 15),
-    )
 
 
 # acc: [LANES], w: one row's bytes, off: super-block b's offset in w, xr: [in] int8, xsr:
@@ -101,8 +80,7 @@ def scales_q3k(w, off):
 @njit(cache=True, inline="always")
 def block_dot(acc, w, off, xr, xsr, b, dx, halves, one):
     d = read_half(halves, w, off + 108) * dx
-    scales = scales_q3k(w, off)
-    dot_super_block(acc, w, off, xr, b * QK_K, xsr, b * 16, scales, d, one)
+    dot_super_block(acc, w, off, xr, b * QK_K, xsr, b * 16, d, f32(0.0), one)
     return f32(0.0)
 
 

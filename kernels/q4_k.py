@@ -10,7 +10,7 @@ from numba import njit
 
 from .block_matmul import block_matmul, fused, parts_of
 from .floatbits import read_half
-from .kquant_common import I32, QK_K, SUM_GROUP, f16_at, mins_k4, scale_min_k4, scales_k4
+from .kquant_common import I32, QK_K, SUM_GROUP, f16_at, scale_min_k4
 from .kquant_dot import GROUPS, Field, Layout, super_block_dot
 from .matmul import each_row, row_tile_matmul
 from .registry import QuantType, register
@@ -60,19 +60,20 @@ def matmul_rows(raw, x, out):
 LAYOUT = Layout(
     fields=tuple((Field(16 + 32 * (j // 2), 4 * (j % 2), 4),) for j in range(GROUPS)),
     scale_index=tuple((2 * j, 2 * j + 1) for j in range(GROUPS)),
+    scales="packed6",
+    scales_at=4,
 )
 dot_super_block = super_block_dot(LAYOUT)
 
 
 # acc: [LANES], w: one row's bytes, off: super-block b's offset in w, xr: [in] int8, xsr:
-# [in/16] sums -> adds d * dx * sum_j sc_j * sum(q * xq) over the sub-blocks j into acc;
-# returns the mins' share, -dmin * dx * sum_j m_j * (sub-block sum of xq) (see block_matmul)
+# [in/16] sums -> adds d * dx * sum_j sc_j * sum(q * xq) - dmin * dx * sum_j m_j * sum(xq)
+# over the sub-blocks j into acc (see block_matmul)
 @njit(cache=True, inline="always")
 def block_dot(acc, w, off, xr, xsr, b, dx, halves, one):
-    d = read_half(halves, w, off) * dx
-    scales = scales_k4(w, off + 4)
-    dot_super_block(acc, w, off, xr, b * QK_K, xsr, b * 16, scales, d, one)
-    return -read_half(halves, w, off + 2) * dx * f32(mins_k4(w, off + 4, xsr, b * 16))
+    d, dmin = read_half(halves, w, off) * dx, read_half(halves, w, off + 2) * dx
+    dot_super_block(acc, w, off, xr, b * QK_K, xsr, b * 16, d, dmin, one)
+    return f32(0.0)
 
 
 # flat, starts, ends: one or more weights' bytes (see block_matmul), x: [n, in] -> out: [n, rows]
@@ -90,7 +91,7 @@ register(
         matmul_small=fused(matmul_fused),
         repack=parts_of,
         # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
-        small_n_max=3,
+        small_n_max=8,
         matmul_rows=matmul_rows,
     )
 )

@@ -81,6 +81,7 @@ LAYOUT = Layout(
         for g in range(GROUPS)
     ),
     scale_index=tuple((2 * g, 2 * g + 1) for g in range(GROUPS)),
+    scales="int8",
     scales_at=192,
     offset=32,
 )
@@ -93,7 +94,7 @@ dot_super_block = super_block_dot(LAYOUT)
 @njit(cache=True, inline="always")
 def block_dot(acc, w, off, xr, xsr, b, dx, halves, one):
     d = read_half(halves, w, off + 208) * dx
-    dot_super_block(acc, w, off, xr, b * QK_K, xsr, b * 16, 0, d, one)
+    dot_super_block(acc, w, off, xr, b * QK_K, xsr, b * 16, d, f32(0.0), one)
     return f32(0.0)
 
 
