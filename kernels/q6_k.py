@@ -113,7 +113,7 @@ register(
         matmul_small=fused(matmul_fused),
         repack=parts_of,
         # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
-        small_n_max=8,
+        small_n_max=12,
         matmul_rows=matmul_rows,
     )
 )
