@@ -4,8 +4,9 @@ Each block of `block` consecutive values of a row gets one float32 scale d = max
 int8 values q = round(x / d), so x ~= d * q. Optional group sums (sum of q over `sum_group`
 consecutive values) let kernels fold weight offsets/minimums out of the inner loop:
 sum(d_w * q_w + m) * x = dx * (d_w * sum(q_w * q_x) + m * sum(q_x)).
-Legacy types use block = 32 (Q4_1 and Q5_1 with sums per 32); K-quants use block = 256 (sums per
-16 where they have minimums).
+Legacy types use block = 32, with sums per 32 for their minimums (Q4_1, Q5_1) or offsets (Q4_0,
+Q5_0); K-quants use block = 256, with sums per 16 for their minimums or offsets (Q3_K, Q6_K).
+The byte products (every type but Q8_0) take q as int8, the 16-bit ones as int16.
 """
 
 import numpy as np

@@ -5,12 +5,14 @@ The 256 weights are 8 groups of 32. A group's unsigned fields q (2 to 6 bits, fr
 byte arrays) are multiplied by 32 activations as bytes (`simd._byte_pair_sums`: vpmaddubsw on
 x86), the 16-bit pair sums by their integer sub-block scales (vpmaddwd), and the 32-bit lanes
 summed over the super-block: one conversion to float and one multiply by d * dx per super-block,
-where 16-bit products converted and scaled every 16 weights (1.5-2x slower, measured on Q4_K
-and Q6_K). llama.cpp's AVX2 K-quant kernels take the same route.
+whereas 16-bit products converted and scaled every 16 weights (1.5-2x slower, measured on Q4_K
+and Q6_K). llama.cpp's AVX2 K-quant kernels take the same route. Group g's 16-weight halves
+take the super-block's scales 2g and 2g + 1 (one per 16 weights; a type with one per 32
+repeats each).
 
-Every mask and shift is a multiple of `one`, a 1 that LLVM cannot see (floatbits.opaque_u8):
-with constants it bounds the fields (a 4-bit field times a byte cannot reach the 16-bit
-saturation), drops the saturation and with it the byte multiply-add.
+Every mask and right shift of q's fields is a multiple of `one`, a 1 that LLVM cannot see
+(floatbits.opaque_one): with constants it bounds the fields (a 4-bit field times a byte cannot
+reach the 16-bit saturation), drops the saturation and with it the byte multiply-add.
 """
 
 from typing import NamedTuple
@@ -52,13 +54,11 @@ class Field(NamedTuple):
 class Layout(NamedTuple):
     """A K-quant type's super-block, group by group.
 
-    fields[g]: the Fields making group g's q; scale_index[g]: the indices of the scales of its
-    two 16-weight halves in the super-block's 16 scales (one per 16 weights); scales: where the
-    scales (and minimums) come from, one of SCALE_SOURCES, read at byte scales_at of the block;
-    offset: subtracted from every q."""
+    fields[g]: the Fields making group g's q; scales: where the scales (and minimums) come
+    from, one of SCALE_SOURCES, read at byte scales_at of the block; offset: subtracted from
+    every q."""
 
     fields: tuple
-    scale_index: tuple
     scales: str
     scales_at: int = 0
     offset: int = 0
@@ -68,7 +68,6 @@ class Layout(NamedTuple):
 # high one (Q2_K); "packed6": 12 bytes holding 8 6-bit scales and 8 6-bit minimums (Q4_K,
 # Q5_K); "signed6": 12 bytes holding 16 6-bit scales, stored plus 32 (Q3_K).
 SCALE_SOURCES = ("int8", "nibbles", "packed6", "signed6")
-_HAS_MINS = ("nibbles", "packed6")
 
 
 def _field(context, builder, w_type, w, off, field, one):
@@ -90,7 +89,9 @@ def _opaque_splat(builder, one, value):
 def _scales_and_mins(context, builder, layout, w_type, w, off):
     # -> (<16 x i16> scales, <16 x i32> minimums or None): one per 16 weights
     at = builder.add(off, ir.Constant(off.type, layout.scales_at))
-    if layout.scales in ("packed6", "signed6"):  # 12 bytes: load them, not the 4 after
+    if layout.scales in ("packed6", "signed6"):
+        # 12 bytes, loaded as such: Q3_K's are 2 bytes from the end of its super-block, and a
+        # 16-byte load would read past the last super-block of a weight
         raw = _load(builder, _ptr(context, builder, w_type, w, at), _vec(_I8, 12))
         raw = _pick(builder, raw, list(range(12)) + [0] * 4)
     else:
@@ -185,8 +186,7 @@ def super_block_dot(layout: Layout):
                     q = bits if q is None else builder.or_(q, bits)
                 xg = builder.add(xi, ir.Constant(xi.type, GROUP * g))
                 xv = _activations(context, builder, sig.args[3], x, xg)
-                lo, hi = layout.scale_index[g]
-                group_scales = _pick(builder, sc, [lo] * 8 + [hi] * 8)
+                group_scales = _pick(builder, sc, [2 * g] * 8 + [2 * g + 1] * 8)
                 part = _pair_sums(builder, _byte_pair_sums(builder, q, xv), group_scales)
                 total = part if total is None else builder.add(total, part)
             if layout.offset or mins is not None:

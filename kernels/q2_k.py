@@ -50,17 +50,10 @@ def matmul_rows(raw, x, out):
     row_tile_matmul(dequantize_row, raw, x, out)
 
 
-# w: bytes, i: offset of a scale byte (4-bit scale, 4-bit min), d: block scale -> d * scale
-@njit(cache=True, inline="always")
-def scale(w, i, d):
-    return d * f32(w[i] & 15)
-
-
 # group g = 4h + s: elements 128h + 32s + l, bits 2s..2s+1 of qs byte 32h + l; its 16-weight
 # halves scaled by the low nibbles of scale bytes 2g and 2g + 1 (minimums: the high ones)
 LAYOUT = Layout(
     fields=tuple((Field(16 + 32 * (g // 4), 2 * (g % 4), 2),) for g in range(GROUPS)),
-    scale_index=tuple((2 * g, 2 * g + 1) for g in range(GROUPS)),
     scales="nibbles",
 )
 dot_super_block = super_block_dot(LAYOUT)

@@ -66,7 +66,6 @@ LAYOUT = Layout(
     fields=tuple(
         (Field(32 + 32 * (g // 4), 2 * (g % 4), 2), Field(0, g, 1, 2)) for g in range(GROUPS)
     ),
-    scale_index=tuple((2 * g, 2 * g + 1) for g in range(GROUPS)),
     scales="signed6",
     scales_at=96,
     offset=4,

@@ -59,7 +59,6 @@ def matmul_rows(raw, x, out):
 # sub-block j (32 weights): the low nibbles (j even) or high nibbles of qs bytes 32 * (j // 2)..
 LAYOUT = Layout(
     fields=tuple((Field(16 + 32 * (j // 2), 4 * (j % 2), 4),) for j in range(GROUPS)),
-    scale_index=tuple((2 * j, 2 * j + 1) for j in range(GROUPS)),
     scales="packed6",
     scales_at=4,
 )

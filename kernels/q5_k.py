@@ -57,7 +57,6 @@ LAYOUT = Layout(
     fields=tuple(
         (Field(48 + 32 * (j // 2), 4 * (j % 2), 4), Field(16, j, 1, 4)) for j in range(GROUPS)
     ),
-    scale_index=tuple((2 * j, 2 * j + 1) for j in range(GROUPS)),
     scales="packed6",
     scales_at=4,
 )

@@ -18,7 +18,6 @@ from .registry import QuantType, register
 
 TYPE_SIZE = 210
 f32 = np.float32
-# the masks of q's low and high bits, and the shift of the last quarter's (see opaque_u8)
 
 
 # b: a byte -> its value as int8 (-128..127)
@@ -80,7 +79,6 @@ LAYOUT = Layout(
         )
         for g in range(GROUPS)
     ),
-    scale_index=tuple((2 * g, 2 * g + 1) for g in range(GROUPS)),
     scales="int8",
     scales_at=192,
     offset=32,

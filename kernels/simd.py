@@ -2,10 +2,14 @@
 
 Numba's loop vectorizer widens an int8 dot product to int32 lanes (one vpmulld per 8 products on
 x86) and reduces it horizontally at every 32-weight block. Written directly as IR, a block's
-dot product is sign-extended int16 products summed in pairs, a shape LLVM lowers to each target's
-multiply-add-pairs instruction (vpmaddwd on x86, smull + addp on ARM), and its 8 partial sums
-are scaled into 8 float lanes that stay lanes until the row ends. No instruction set is named:
-LLVM picks the instructions for the machine it compiles on.
+dot product is products summed in pairs, shapes LLVM lowers to each target's multiply-add
+instructions, and its 8 partial sums are scaled into 8 float lanes that stay lanes until the
+row ends:
+- unsigned weight fields times int8 activations as bytes (`_byte_pair_sums`: vpmaddubsw on x86,
+  widening multiplies on ARM), for every type with unsigned fields (all but Q8_0);
+- sign-extended int16 products (`_pair_sums`: vpmaddwd on x86, smull + addp on ARM), for Q8_0
+  and to widen or scale the byte sums.
+No instruction set is named: LLVM picks the instructions for the machine it compiles on.
 
 Every function here reads raw pointers without bounds checks: callers pass 1-D C-contiguous
 arrays and offsets they have checked (weight rows validated by the loader, activations of whole

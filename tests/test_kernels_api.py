@@ -166,13 +166,14 @@ def test_run_split_covers_every_item_once():
         kernels.set_threads(before)
 
 
+@pytest.mark.parametrize("q_type", [np.int8, np.int16])
 @pytest.mark.parametrize("block,sum_group", [(32, 32), (32, 0), (256, 16), (256, 32)])
-def test_act_quant_round_trip_and_sums(block, sum_group):
+def test_act_quant_round_trip_and_sums(block, sum_group, q_type):
     rng = np.random.default_rng(block + sum_group)
     x = rng.standard_normal((3, 4 * block)).astype(np.float32)
     x[1, :block] = 0.0  # an all-zero block gets scale 0, not NaN
-    q, d, sums = quantize_rows(x, block, sum_group, np.int16)
-    assert q.dtype == np.int16 and d.shape == (3, 4) and d[1, 0] == 0.0
+    q, d, sums = quantize_rows(x, block, sum_group, q_type)
+    assert q.dtype == q_type and d.shape == (3, 4) and d[1, 0] == 0.0
     back = q.reshape(3, 4, block) * d[:, :, None]
     assert np.all(np.abs(back.reshape(3, -1) - x) <= np.repeat(d, block, axis=1) / 2 + 1e-7)
     assert np.abs(q).max() == 127

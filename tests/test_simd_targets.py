@@ -21,7 +21,8 @@ TARGETS = {
 
 
 def block_dots_module() -> ir.Module:
-    """One function doing what dot_u4 and prefetch do to a block, on raw pointers."""
+    """One function doing what dot_i8 (16-bit products) and prefetch do to a block, on raw
+    pointers."""
     mod = ir.Module("simd_probe")
     p8 = I8.as_pointer()
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [p8, p8, F32.as_pointer(), F32]), "dots")
@@ -44,8 +45,9 @@ def block_dots_module() -> ir.Module:
 
 
 def byte_products_module() -> ir.Module:
-    """What dot_nibbles_k does to a sub-block: unsigned fields (a mask the optimizer cannot see,
-    as the kernels pass it) times int8 activations, then times an integer scale."""
+    """What kquant_dot.super_block_dot does to a group: unsigned fields (a mask the optimizer
+    cannot see, as the kernels pass it) times int8 activations, then times an integer scale
+    (dot_u4 and dot_u5 widen by a 1 the same way)."""
     mod = ir.Module("simd_bytes_probe")
     p8 = I8.as_pointer()
     args = [p8, p8, I32.as_pointer(), I8, I16]
