@@ -17,7 +17,6 @@ from .simd import dot_u4
 BLOCK, TYPE_SIZE = 32, 18
 i32, u32, f32 = np.int32, np.uint32, np.float32
 SIXTEENTH = f32(1.0 / 16)  # a nibble's weight in the high half of its byte
-EIGHT = f32(8.0)
 
 
 # w3: [rows, nb, block bytes], r, b, o -> the float16 at byte o of block b of row r, as float32
@@ -59,13 +58,12 @@ def matmul_rows(raw, x, out):
 
 
 # acc: [LANES], w: one row's bytes, off: block b's offset in w, xr: [in] int8, xsr: [nb] sums
-# of xr's blocks -> adds d * dx * sum(q * xq) of block b into acc; returns the offset's share,
-# -8 * d * dx * sum(xq) (the byte products take q unsigned; see block_matmul)
+# of xr's blocks -> adds d * dx * (sum(q * xq) - 8 * sum(xq)) of block b into acc (the byte
+# products take q unsigned; see block_matmul)
 @njit(cache=True, inline="always")
 def block_dot(acc, w, off, xr, xsr, b, dx, halves, one):
-    d = read_half(halves, w, off) * dx
-    dot_u4(acc, w, off + 2, xr, b * BLOCK, d, one)
-    return -EIGHT * d * f32(xsr[b])
+    dot_u4(acc, w, off + 2, xr, b * BLOCK, i32(8 * xsr[b]), read_half(halves, w, off) * dx, one)
+    return f32(0.0)
 
 
 # flat, starts, ends: one or more weights' bytes (see block_matmul), x: [n, in] -> out: [n, rows]

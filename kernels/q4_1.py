@@ -17,6 +17,7 @@ from .simd import dot_u4
 
 BLOCK, TYPE_SIZE = 32, 20
 i32, f32 = np.int32, np.float32
+ZERO = i32(0)  # no offset in the integers: the min is a float term
 
 
 # raw: [nb * 20] (one row) -> out: [nb * 32]
@@ -57,7 +58,7 @@ def matmul_rows(raw, x, out):
 # m * dx * sum(xq) (see block_matmul)
 @njit(cache=True, inline="always")
 def block_dot(acc, w, off, xr, xsr, b, dx, halves, one):
-    dot_u4(acc, w, off + 4, xr, b * BLOCK, read_half(halves, w, off) * dx, one)
+    dot_u4(acc, w, off + 4, xr, b * BLOCK, ZERO, read_half(halves, w, off) * dx, one)
     return read_half(halves, w, off + 2) * dx * f32(xsr[b])
 
 

@@ -18,7 +18,6 @@ BLOCK, TYPE_SIZE = 32, 22
 i16, u16, f32 = np.int16, np.uint16, np.float32
 S16 = np.int16(16)
 U15, U4 = np.uint8(15), np.uint8(4)
-SIXTEEN = np.float32(16.0)
 mul, band = np.multiply, np.bitwise_and
 
 
@@ -68,13 +67,13 @@ def matmul_rows(raw, x, out):
 
 
 # acc: [LANES], w: one row's bytes, off: block b's offset in w, xr: [in] int8, xsr: [nb] sums
-# of xr's blocks -> adds d * dx * sum(q * xq) of block b into acc; returns the offset's share,
-# -16 * d * dx * sum(xq) (the byte products take q unsigned; see block_matmul)
+# of xr's blocks -> adds d * dx * (sum(q * xq) - 16 * sum(xq)) of block b into acc (the byte
+# products take q unsigned; see block_matmul)
 @njit(cache=True, inline="always")
 def block_dot(acc, w, off, xr, xsr, b, dx, halves, one):
     d = read_half(halves, w, off) * dx
-    dot_u5(acc, w, off + 6, off + 2, xr, b * BLOCK, d, one)
-    return -SIXTEEN * d * f32(xsr[b])
+    dot_u5(acc, w, off + 6, off + 2, xr, b * BLOCK, np.int32(16 * xsr[b]), d, one)
+    return f32(0.0)
 
 
 # flat, starts, ends: one or more weights' bytes (see block_matmul), x: [n, in] -> out: [n, rows]

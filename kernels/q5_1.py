@@ -15,6 +15,7 @@ from .simd import dot_u5
 
 BLOCK, TYPE_SIZE = 32, 24
 u32, f32 = np.uint32, np.float32
+ZERO = np.int32(0)  # no offset in the integers: the min is a float term
 
 
 # raw: [nb * 24] (one row) -> out: [nb * 32]
@@ -51,7 +52,7 @@ def matmul_rows(raw, x, out):
 # m * dx * sum(xq) (see block_matmul)
 @njit(cache=True, inline="always")
 def block_dot(acc, w, off, xr, xsr, b, dx, halves, one):
-    dot_u5(acc, w, off + 8, off + 4, xr, b * BLOCK, read_half(halves, w, off) * dx, one)
+    dot_u5(acc, w, off + 8, off + 4, xr, b * BLOCK, ZERO, read_half(halves, w, off) * dx, one)
     return read_half(halves, w, off + 2) * dx * f32(xsr[b])
 
 

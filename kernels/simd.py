@@ -136,12 +136,16 @@ def _nibbles(builder, ptr, one):
     return builder.shuffle_vector(low, high, ir.Constant(_vec(_I32, 32), list(range(32))))
 
 
-def _accumulate_bytes(context, builder, acc_type, acc, q, x, scale, one):
-    # q: <32 x i8> unsigned, x: <32 x i8> -> acc[0:8] += scale * partial sums of dot(q, x); the
+def _accumulate_bytes(context, builder, acc_type, acc, q, x, minus, scale, one):
+    # q: <32 x i8> unsigned, x: <32 x i8> -> acc[0:8] += scale * partial sums of dot(q, x) -
+    # minus (an int32, taken from lane 0: a weight offset times the block's activation sum,
+    # exact in the integers, where a float term per row cost a conversion and a register); the
     # 16-bit pair sums are widened by a multiply-add by one (vpmaddwd, where a constant 1 would
     # be folded into four shuffles and extensions)
     ones = _splat(builder, builder.zext(one, _I16), 16)
     sums = _pair_sums(builder, _byte_pair_sums(builder, q, x), ones)
+    zeros = ir.Constant(_vec(_I32, LANES), [0] * LANES)
+    sums = builder.sub(sums, builder.insert_element(zeros, minus, ir.Constant(_I32, 0)))
     _add_to(context, builder, acc_type, acc, [_scaled(builder, sums, scale)])
 
 
@@ -191,32 +195,34 @@ def dot_i8(typingctx, acc, w, wi, x, xi, scale):
 
 
 @intrinsic
-def dot_u4(typingctx, acc, w, wi, x, xi, scale, one):
-    """acc[0:8] += scale * partial sums of dot(q, x[xi:xi+32]), where q are the 32 nibbles of the
-    16 bytes w[wi:wi+16] (low nibbles first) and x is int8; one: floatbits.opaque_one."""
+def dot_u4(typingctx, acc, w, wi, x, xi, minus, scale, one):
+    """acc[0:8] += scale * partial sums of (dot(q, x[xi:xi+32]) - minus), where q are the 32
+    nibbles of the 16 bytes w[wi:wi+16] (low nibbles first), x is int8 and minus an int32 (the
+    offset's share); one: floatbits.opaque_one."""
 
     def codegen(context, builder, sig, args):
-        acc, w, wi, x, xi, scale, one = args
+        acc, w, wi, x, xi, minus, scale, one = args
         q = _nibbles(builder, _ptr(context, builder, sig.args[1], w, wi), one)
         xv = _activations(context, builder, sig.args[3], x, xi)
-        _accumulate_bytes(context, builder, sig.args[0], acc, q, xv, scale, one)
+        _accumulate_bytes(context, builder, sig.args[0], acc, q, xv, minus, scale, one)
         return context.get_dummy_value()
 
-    return types.void(acc, w, wi, x, xi, types.float32, types.uint8), codegen
+    return types.void(acc, w, wi, x, xi, types.int32, types.float32, types.uint8), codegen
 
 
 @intrinsic
-def dot_u5(typingctx, acc, w, wi, hi, x, xi, scale, one):
+def dot_u5(typingctx, acc, w, wi, hi, x, xi, minus, scale, one):
     """As dot_u4, with bit j of the little-endian uint32 at w[hi:hi+4] as bit 4 of nibble j."""
 
     def codegen(context, builder, sig, args):
-        acc, w, wi, hi, x, xi, scale, one = args
+        acc, w, wi, hi, x, xi, minus, scale, one = args
         q = _nibbles(builder, _ptr(context, builder, sig.args[1], w, wi), one)
         bits = _load(builder, _ptr(context, builder, sig.args[1], w, hi), _I32)
         fifth = builder.zext(builder.bitcast(bits, _vec(_I1, 32)), _vec(_I8, 32))
         q = builder.or_(q, builder.shl(fifth, _splat(builder, ir.Constant(_I8, 4), 32)))
         xv = _activations(context, builder, sig.args[4], x, xi)
-        _accumulate_bytes(context, builder, sig.args[0], acc, q, xv, scale, one)
+        _accumulate_bytes(context, builder, sig.args[0], acc, q, xv, minus, scale, one)
         return context.get_dummy_value()
 
-    return types.void(acc, w, wi, hi, x, xi, types.float32, types.uint8), codegen
+    i32, f32, u8 = types.int32, types.float32, types.uint8
+    return types.void(acc, w, wi, hi, x, xi, i32, f32, u8), codegen
