@@ -28,7 +28,7 @@ ONE_BITS = 0x3C00  # float16 1.0
 @njit(cache=True, inline="always")
 def opaque_one(halves):
     """halves: HALF_TABLE -> 1 as uint8, read from the table, a runtime array, so that LLVM
-    cannot see its value (see kquant_dot)."""
+    cannot see its value (see simd._byte_pair_sums)."""
     return np.uint8(halves[ONE_BITS])
 
 

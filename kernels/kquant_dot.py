@@ -10,9 +10,8 @@ and Q6_K). llama.cpp's AVX2 K-quant kernels take the same route. Group g's 16-we
 take the super-block's scales 2g and 2g + 1 (one per 16 weights; a type with one per 32
 repeats each).
 
-Every mask and right shift of q's fields is a multiple of `one`, a 1 that LLVM cannot see
-(floatbits.opaque_one): with constants it bounds the fields (a 4-bit field times a byte cannot
-reach the 16-bit saturation), drops the saturation and with it the byte multiply-add.
+Masks and shifts are constants; `one` (floatbits.opaque_one) is what keeps LLVM from bounding
+the fields and dropping the byte multiply-add (see simd._byte_pair_sums).
 """
 
 from typing import NamedTuple
@@ -70,20 +69,16 @@ class Layout(NamedTuple):
 SCALE_SOURCES = ("int8", "nibbles", "packed6", "signed6")
 
 
-def _field(context, builder, w_type, w, off, field, one):
+def _field(context, builder, w_type, w, off, field):
     ptr = _ptr(context, builder, w_type, w, builder.add(off, ir.Constant(off.type, field.at)))
     b = _load(builder, ptr, _vec(_I8, GROUP))
     if field.shift:
-        b = builder.lshr(b, _opaque_splat(builder, one, field.shift))
-    b = builder.and_(b, _opaque_splat(builder, one, (1 << field.bits) - 1))
+        b = builder.lshr(b, _splat(builder, ir.Constant(_I8, field.shift), GROUP))
+    if field.shift + field.bits < 8:
+        b = builder.and_(b, _splat(builder, ir.Constant(_I8, (1 << field.bits) - 1), GROUP))
     if field.position:
         b = builder.shl(b, _splat(builder, ir.Constant(_I8, field.position), GROUP))
     return b
-
-
-def _opaque_splat(builder, one, value):
-    # value * one, in every byte lane (see the module docstring)
-    return _splat(builder, builder.mul(one, ir.Constant(_I8, value)), GROUP)
 
 
 def _scales_and_mins(context, builder, layout, w_type, w, off):
@@ -182,12 +177,12 @@ def super_block_dot(layout: Layout):
             for g in range(GROUPS):
                 q = None
                 for field in layout.fields[g]:
-                    bits = _field(context, builder, w_type, w, off, field, one)
+                    bits = _field(context, builder, w_type, w, off, field)
                     q = bits if q is None else builder.or_(q, bits)
                 xg = builder.add(xi, ir.Constant(xi.type, GROUP * g))
                 xv = _activations(context, builder, sig.args[3], x, xg)
                 group_scales = _pick(builder, sc, [2 * g] * 8 + [2 * g + 1] * 8)
-                part = _pair_sums(builder, _byte_pair_sums(builder, q, xv), group_scales)
+                part = _pair_sums(builder, _byte_pair_sums(builder, q, xv, one), group_scales)
                 total = part if total is None else builder.add(total, part)
             if layout.offset or mins is not None:
                 sums = _load(builder, _ptr(context, builder, sig.args[5], xs, xsi), _vec(_I32, 16))

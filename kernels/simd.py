@@ -74,14 +74,15 @@ def _freeze(builder, value):
     return instr
 
 
-def _byte_pair_sums(builder, q, x):
-    # q: <32 x i8> unsigned, x: <32 x i8> signed -> <16 x i16>, lane i = q[2i] * x[2i] +
+def _byte_pair_sums(builder, q, x, one):
+    # q: <32 x i8> unsigned < 64, x: <32 x i8> signed -> <16 x i16>, lane i = q[2i] * x[2i] +
     # q[2i+1] * x[2i+1], saturated to 16 bits: the unsigned-by-signed byte multiply-add
-    # (vpmaddubsw on x86), in the shape LLVM selects it from. LLVM keeps the saturation, and so
-    # the shape, only while it cannot bound q; callers keep q's bounds from it and below
-    # 64, so that nothing ever saturates (2 * 63 * 128 < 2**15).
+    # (vpmaddubsw on x86), in the shape LLVM selects it from. Nothing ever saturates
+    # (2 * 63 * 128 < 2**15), but LLVM keeps the saturation, and so the shape, only while it
+    # cannot bound q: q is ORed with one - 1, a 0 it cannot see (one: floatbits.opaque_one).
     w32 = _vec(_I32, 16)
-    q = _freeze(builder, q)
+    unseen_zero = builder.sub(one, ir.Constant(one.type, 1))
+    q = _freeze(builder, builder.or_(q, _splat(builder, unseen_zero, 32)))
     sums = None
     for half in (range(0, 32, 2), range(1, 32, 2)):
         qh = builder.zext(_pick(builder, q, half), w32)
@@ -124,15 +125,11 @@ def _activations(context, builder, array_type, array, offset):
     return _load(builder, _ptr(context, builder, array_type, array, offset), _vec(t, 32))
 
 
-def _nibbles(builder, ptr, one):
-    # 16 bytes at ptr -> <32 x i8>: the low nibbles of bytes 0..15, then their high nibbles; the
-    # mask and shift are multiples of one (a 1 LLVM cannot see: see _byte_pair_sums)
+def _nibbles(builder, ptr):
+    # 16 bytes at ptr -> <32 x i8>: the low nibbles of bytes 0..15, then their high nibbles
     b = _load(builder, ptr, _vec(_I8, 16))
-    mask = _splat(builder, builder.mul(one, ir.Constant(_I8, 15)), 16)
-    low = builder.and_(b, mask)
-    high = builder.and_(
-        builder.lshr(b, _splat(builder, builder.mul(one, ir.Constant(_I8, 4)), 16)), mask
-    )
+    low = builder.and_(b, _splat(builder, ir.Constant(_I8, 15), 16))
+    high = builder.lshr(b, _splat(builder, ir.Constant(_I8, 4), 16))
     return builder.shuffle_vector(low, high, ir.Constant(_vec(_I32, 32), list(range(32))))
 
 
@@ -143,7 +140,7 @@ def _accumulate_bytes(context, builder, acc_type, acc, q, x, minus, scale, one):
     # 16-bit pair sums are widened by a multiply-add by one (vpmaddwd, where a constant 1 would
     # be folded into four shuffles and extensions)
     ones = _splat(builder, builder.zext(one, _I16), 16)
-    sums = _pair_sums(builder, _byte_pair_sums(builder, q, x), ones)
+    sums = _pair_sums(builder, _byte_pair_sums(builder, q, x, one), ones)
     zeros = ir.Constant(_vec(_I32, LANES), [0] * LANES)
     sums = builder.sub(sums, builder.insert_element(zeros, minus, ir.Constant(_I32, 0)))
     _add_to(context, builder, acc_type, acc, [_scaled(builder, sums, scale)])
@@ -202,7 +199,7 @@ def dot_u4(typingctx, acc, w, wi, x, xi, minus, scale, one):
 
     def codegen(context, builder, sig, args):
         acc, w, wi, x, xi, minus, scale, one = args
-        q = _nibbles(builder, _ptr(context, builder, sig.args[1], w, wi), one)
+        q = _nibbles(builder, _ptr(context, builder, sig.args[1], w, wi))
         xv = _activations(context, builder, sig.args[3], x, xi)
         _accumulate_bytes(context, builder, sig.args[0], acc, q, xv, minus, scale, one)
         return context.get_dummy_value()
@@ -216,7 +213,7 @@ def dot_u5(typingctx, acc, w, wi, hi, x, xi, minus, scale, one):
 
     def codegen(context, builder, sig, args):
         acc, w, wi, hi, x, xi, minus, scale, one = args
-        q = _nibbles(builder, _ptr(context, builder, sig.args[1], w, wi), one)
+        q = _nibbles(builder, _ptr(context, builder, sig.args[1], w, wi))
         bits = _load(builder, _ptr(context, builder, sig.args[1], w, hi), _I32)
         fifth = builder.zext(builder.bitcast(bits, _vec(_I1, 32)), _vec(_I8, 32))
         q = builder.or_(q, builder.shl(fifth, _splat(builder, ir.Constant(_I8, 4), 32)))

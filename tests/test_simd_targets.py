@@ -29,7 +29,7 @@ def block_dots_module() -> ir.Module:
     w, x, acc, scale = fn.args
     b = ir.IRBuilder(fn.append_basic_block())
     xv = b.load(b.bitcast(x, simd._vec(I16, 32).as_pointer()), align=1)
-    nibbles = simd._pair_sums(b, simd._nibbles(b, w, ir.Constant(I8, 1)), xv)
+    nibbles = simd._pair_sums(b, simd._nibbles(b, w), xv)
     lanes = [simd._pick(b, nibbles, range(8)), simd._pick(b, nibbles, range(8, 16))]
     acc_ptr = b.bitcast(acc, simd._vec(F32, simd.LANES).as_pointer())
     total = b.load(acc_ptr, align=4)
@@ -45,18 +45,20 @@ def block_dots_module() -> ir.Module:
 
 
 def byte_products_module() -> ir.Module:
-    """What kquant_dot.super_block_dot does to a group: unsigned fields (a mask the optimizer
-    cannot see, as the kernels pass it) times int8 activations, then times an integer scale
-    (dot_u4 and dot_u5 widen by a 1 the same way)."""
+    """What kquant_dot.super_block_dot does to a group: 4-bit unsigned fields (a constant mask,
+    so the optimizer knows their bounds) times int8 activations, then times an integer scale;
+    `one` is the 1 it cannot see, as the kernels pass it (dot_u4 and dot_u5 widen by it the
+    same way)."""
     mod = ir.Module("simd_bytes_probe")
     p8 = I8.as_pointer()
     args = [p8, p8, I32.as_pointer(), I8, I16]
     fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), args), "byte_products")
-    w, x, out, mask, scale = fn.args
+    w, x, out, one, scale = fn.args
     b = ir.IRBuilder(fn.append_basic_block())
-    q = b.and_(b.load(b.bitcast(w, V8_32.as_pointer()), align=1), simd._splat(b, mask, 32))
+    fifteen = simd._splat(b, ir.Constant(I8, 15), 32)
+    q = b.and_(b.load(b.bitcast(w, V8_32.as_pointer()), align=1), fifteen)
     xv = b.load(b.bitcast(x, V8_32.as_pointer()), align=1)
-    sums = simd._pair_sums(b, simd._byte_pair_sums(b, q, xv), simd._splat(b, scale, 16))
+    sums = simd._pair_sums(b, simd._byte_pair_sums(b, q, xv, one), simd._splat(b, scale, 16))
     b.store(sums, b.bitcast(out, simd._vec(I32, 8).as_pointer()), align=4)
     b.ret_void()
     return mod
