@@ -16,13 +16,26 @@ if __name__ != "edgeinfer.kernels":
     # `kernels` (cwd on sys.path) would write entries that `edgeinfer.kernels` cannot load.
     raise ImportError(f"import this package as edgeinfer.kernels, not {__name__}")
 
+from pathlib import Path  # noqa: E402
+
+from .cache_stamp import refresh  # noqa: E402
+
+refresh(Path(__file__).parent)  # before any kernel is loaded from the disk cache
+
 import numpy as np  # noqa: E402
 
 from . import threads  # noqa: E402
-from .matmul import embedding, matmul, matmul_stacked
-from .registry import QuantType, UnsupportedTypeError, as_qtype, get_unit, register, supported_types
-from .threads import get_threads, set_threads
-from .weight import QuantWeight, raw_rows, stack
+from .matmul import embedding, matmul, matmul_stacked  # noqa: E402
+from .registry import (  # noqa: E402
+    QuantType,
+    UnsupportedTypeError,
+    as_qtype,
+    get_unit,
+    register,
+    supported_types,
+)
+from .threads import get_threads, set_threads  # noqa: E402
+from .weight import QuantWeight, raw_rows, stack  # noqa: E402
 
 
 def dequantize(data: np.ndarray, qtype, shape) -> np.ndarray:
