@@ -54,11 +54,14 @@ class Layout(NamedTuple):
     """A K-quant type's super-block, group by group.
 
     fields[g]: the Fields making group g's q; scales: where the scales (and minimums) come
-    from, one of SCALE_SOURCES, read at byte scales_at of the block; offset: subtracted from
-    every q."""
+    from, one of SCALE_SOURCES, read at byte scales_at of the block; d_at, dmin_at: the byte
+    offsets of the float16 super-block scale and, for the types with minimums, minimum scale;
+    offset: subtracted from every q."""
 
     fields: tuple
     scales: str
+    d_at: int
+    dmin_at: int | None = None
     scales_at: int = 0
     offset: int = 0
 
@@ -67,6 +70,7 @@ class Layout(NamedTuple):
 # high one (Q2_K); "packed6": 12 bytes holding 8 6-bit scales and 8 6-bit minimums (Q4_K,
 # Q5_K); "signed6": 12 bytes holding 16 6-bit scales, stored plus 32 (Q3_K).
 SCALE_SOURCES = ("int8", "nibbles", "packed6", "signed6")
+_WITH_MINS = ("nibbles", "packed6")
 
 
 def _field(context, builder, w_type, w, off, field):
@@ -159,19 +163,31 @@ def _packed6(builder, b):
     return sc, mins
 
 
+def _half_times(context, builder, w_type, w, off, at, halves_type, halves, dx):
+    # the float16 at w[off + at], read through halves (floatbits.HALF_TABLE), times dx
+    ptr = _ptr(context, builder, w_type, w, builder.add(off, ir.Constant(off.type, at)))
+    bits = builder.zext(_load(builder, ptr, _I16), off.type)
+    return builder.fmul(builder.load(_ptr(context, builder, halves_type, halves, bits)), dx)
+
+
 def super_block_dot(layout: Layout):
-    """-> intrinsic dot(acc, w, off, x, xi, xs, xsi, scale, min_scale, one): acc[0:8] += partial
-    sums of scale * sum_j sc_j * sum((q - offset) * x) - min_scale * sum_j m_j * sum(x) over
-    the super-block at w[off:] (j: its 16-weight sub-blocks), with x[xi:xi+256] int8
-    activations and xs[xsi:xsi+16] their sums per 16; min_scale: unused without minimums;
-    one: floatbits.opaque_one."""
+    """-> intrinsic dot(acc, w, off, x, xi, xs, xsi, dx, halves, one): acc[0:8] += partial sums
+    of d * dx * sum_j sc_j * sum((q - offset) * x) - dmin * dx * sum_j m_j * sum(x) over the
+    super-block at w[off:] (j: its 16-weight sub-blocks; d, dmin: its float16 scales, read
+    through halves, floatbits.HALF_TABLE), with x[xi:xi+256] int8 activations and
+    xs[xsi:xsi+16] their sums per 16; one: floatbits.opaque_one."""
     assert layout.scales in SCALE_SOURCES, layout.scales
+    assert (layout.dmin_at is not None) == (layout.scales in _WITH_MINS), layout
 
     @intrinsic
-    def dot(typingctx, acc, w, off, x, xi, xs, xsi, scale, min_scale, one):
+    def dot(typingctx, acc, w, off, x, xi, xs, xsi, dx, halves, one):
         def codegen(context, builder, sig, args):
-            acc, w, off, x, xi, xs, xsi, scale, min_scale, one = args
-            w_type = sig.args[1]
+            acc, w, off, x, xi, xs, xsi, dx, halves, one = args
+            w_type, halves_type = sig.args[1], sig.args[8]
+
+            def times_dx(at):
+                return _half_times(context, builder, w_type, w, off, at, halves_type, halves, dx)
+
             sc, mins = _scales_and_mins(context, builder, layout, w_type, w, off)
             total = None
             for g in range(GROUPS):
@@ -189,16 +205,14 @@ def super_block_dot(layout: Layout):
             if layout.offset:
                 offset = _splat(builder, ir.Constant(_I32, layout.offset), LANES)
                 total = builder.sub(total, builder.mul(_per_16(builder, sc, sums), offset))
-            parts = [_scaled(builder, total, scale)]
+            parts = [_scaled(builder, total, times_dx(layout.d_at))]
             if mins is not None:
-                parts.append(
-                    _scaled(builder, _per_16(builder, mins, sums), builder.fneg(min_scale))
-                )
+                min_scale = builder.fneg(times_dx(layout.dmin_at))
+                parts.append(_scaled(builder, _per_16(builder, mins, sums), min_scale))
             _add_to(context, builder, sig.args[0], acc, parts)
             return context.get_dummy_value()
 
-        f32 = types.float32
-        return types.void(acc, w, off, x, xi, xs, xsi, f32, f32, types.uint8), codegen
+        return types.void(acc, w, off, x, xi, xs, xsi, types.float32, halves, types.uint8), codegen
 
     return dot
 

@@ -10,7 +10,6 @@ from gguf import GGMLQuantizationType
 from numba import njit
 
 from .block_matmul import block_matmul, fused, parts_of
-from .floatbits import read_half
 from .kquant_common import QK_K, SUM_GROUP, f16_at
 from .kquant_dot import GROUPS, Field, Layout, super_block_dot
 from .matmul import each_row, row_tile_matmul
@@ -55,17 +54,18 @@ def matmul_rows(raw, x, out):
 LAYOUT = Layout(
     fields=tuple((Field(16 + 32 * (g // 4), 2 * (g % 4), 2),) for g in range(GROUPS)),
     scales="nibbles",
+    d_at=80,
+    dmin_at=82,
 )
 dot_super_block = super_block_dot(LAYOUT)
 
 
-# acc: [LANES], w: one row's bytes, off: super-block b's offset in w, xr: [in] int8, xsr:
-# [in/16] sums -> adds d * dx * sum_j sc_j * sum(q * xq) - dmin * dx * sum_j m_j * sum(xq)
-# over the 16-weight groups j into acc (see block_matmul)
+# acc: [LANES], w: one row's bytes, off: super-block b's offset in w, xr: [in] int8, xsr: [in/16]
+# sums of xr -> adds the super-block times activation block b into acc (see
+# kquant_dot.super_block_dot, block_matmul)
 @njit(cache=True, inline="always")
 def block_dot(acc, w, off, xr, xsr, b, dx, halves, one):
-    d, dmin = read_half(halves, w, off + 80) * dx, read_half(halves, w, off + 82) * dx
-    dot_super_block(acc, w, off, xr, b * QK_K, xsr, b * 16, d, dmin, one)
+    dot_super_block(acc, w, off, xr, b * QK_K, xsr, b * 16, dx, halves, one)
     return f32(0.0)
 
 

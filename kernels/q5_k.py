@@ -10,7 +10,6 @@ from gguf import GGMLQuantizationType
 from numba import njit
 
 from .block_matmul import block_matmul, fused, parts_of
-from .floatbits import read_half
 from .kquant_common import QK_K, SUM_GROUP, f16_at, scale_min_k4
 from .kquant_dot import GROUPS, Field, Layout, super_block_dot
 from .matmul import each_row, row_tile_matmul
@@ -58,18 +57,19 @@ LAYOUT = Layout(
         (Field(48 + 32 * (j // 2), 4 * (j % 2), 4), Field(16, j, 1, 4)) for j in range(GROUPS)
     ),
     scales="packed6",
+    d_at=0,
+    dmin_at=2,
     scales_at=4,
 )
 dot_super_block = super_block_dot(LAYOUT)
 
 
-# acc: [LANES], w: one row's bytes, off: super-block b's offset in w, xr: [in] int8, xsr:
-# [in/16] sums -> adds d * dx * sum_j sc_j * sum(q * xq) - dmin * dx * sum_j m_j * sum(xq)
-# over the sub-blocks j into acc (see block_matmul)
+# acc: [LANES], w: one row's bytes, off: super-block b's offset in w, xr: [in] int8, xsr: [in/16]
+# sums of xr -> adds the super-block times activation block b into acc (see
+# kquant_dot.super_block_dot, block_matmul)
 @njit(cache=True, inline="always")
 def block_dot(acc, w, off, xr, xsr, b, dx, halves, one):
-    d, dmin = read_half(halves, w, off) * dx, read_half(halves, w, off + 2) * dx
-    dot_super_block(acc, w, off, xr, b * QK_K, xsr, b * 16, d, dmin, one)
+    dot_super_block(acc, w, off, xr, b * QK_K, xsr, b * 16, dx, halves, one)
     return f32(0.0)
 
 

@@ -10,7 +10,6 @@ from gguf import GGMLQuantizationType
 from numba import njit
 
 from .block_matmul import block_matmul, fused, parts_of
-from .floatbits import read_half
 from .kquant_common import I32, QK_K, SUM_GROUP, f16_at
 from .kquant_dot import GROUPS, Field, Layout, super_block_dot
 from .matmul import each_row, row_tile_matmul
@@ -80,19 +79,19 @@ LAYOUT = Layout(
         for g in range(GROUPS)
     ),
     scales="int8",
+    d_at=208,
     scales_at=192,
     offset=32,
 )
 dot_super_block = super_block_dot(LAYOUT)
 
 
-# acc: [LANES], w: one row's bytes, off: super-block b's offset in w, xr: [in] int8, xsr:
-# [in/16] sums of xr -> adds d * dx * sum_j sc_j * sum((q - 32) * xq) over the 16-weight groups
-# j into acc (see block_matmul)
+# acc: [LANES], w: one row's bytes, off: super-block b's offset in w, xr: [in] int8, xsr: [in/16]
+# sums of xr -> adds the super-block times activation block b into acc (see
+# kquant_dot.super_block_dot, block_matmul)
 @njit(cache=True, inline="always")
 def block_dot(acc, w, off, xr, xsr, b, dx, halves, one):
-    d = read_half(halves, w, off + 208) * dx
-    dot_super_block(acc, w, off, xr, b * QK_K, xsr, b * 16, d, f32(0.0), one)
+    dot_super_block(acc, w, off, xr, b * QK_K, xsr, b * 16, dx, halves, one)
     return f32(0.0)
 
 
