@@ -19,6 +19,7 @@ blocks).
 from llvmlite import ir
 from llvmlite.ir.instructions import Instruction
 from numba import types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 LANES = 8  # float accumulators per row: the width of one 256-bit vector
@@ -164,6 +165,22 @@ def prefetch(typingctx, a, i):
         return context.get_dummy_value()
 
     return types.void(a, i), codegen
+
+
+@intrinsic
+def local_f32(typingctx, count):
+    """A pointer to `count` (a literal) float32 slots on the calling function's stack, for
+    numba.carray: accumulators there cannot alias any argument, so LLVM keeps them in registers
+    and shares loads between the rows that update them (a heap array is stored to memory at
+    every block, and every load after a store is repeated)."""
+    if not isinstance(count, types.IntegerLiteral):
+        return None
+
+    def codegen(context, builder, sig, args):
+        slots = cgutils.alloca_once(builder, ir.ArrayType(_F32, count.literal_value))
+        return builder.bitcast(slots, _F32.as_pointer())
+
+    return types.CPointer(types.float32)(count), codegen
 
 
 @intrinsic
