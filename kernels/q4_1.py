@@ -77,7 +77,7 @@ UNIT = register(
         matmul_small=fused(matmul_fused),
         repack=parts_of,
         # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
-        small_n_max=3,
+        small_n_max=7,
         matmul_rows=matmul_rows,
     )
 )

@@ -91,7 +91,7 @@ UNIT = register(
         matmul_small=fused(matmul_fused),
         repack=parts_of,
         # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
-        small_n_max=3,
+        small_n_max=5,
         matmul_rows=matmul_rows,
     )
 )
