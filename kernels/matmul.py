@@ -130,21 +130,20 @@ def matmul(x: np.ndarray, w: QuantWeight, blas_layout: np.ndarray | None = None)
         return _tiled(x, w)
     blas = blas_layout >= 0
     n = x.shape[0]
-    if blas.any():
-        padded = np.zeros(
-            (-(-(blas_layout.max() + 1) // BLAS_ROW_BLOCK) * BLAS_ROW_BLOCK, x.shape[1]), np.float32
-        )
-        padded[blas_layout[blas]] = x[blas]
-        padded_out = np.empty((padded.shape[0], w.shape[0]), np.float32)
-        matmul_tiled(padded, w, padded_out, BLAS_ROW_BLOCK)
-        first = blas_layout[0]
-        if blas.all() and blas_layout[-1] - first == n - 1:
-            # one prompt run (consecutive rows, in order): its rows of the output, not a copy
-            return padded_out[first : first + n]
-        out = np.empty((n, w.shape[0]), np.float32)
-        out[blas] = padded_out[blas_layout[blas]]
-    else:
-        out = np.empty((n, w.shape[0]), np.float32)
+    if not blas.any():  # a decode step: no row takes BLAS
+        return _row_wise(x, w)
+    padded = np.zeros(
+        (-(-(blas_layout.max() + 1) // BLAS_ROW_BLOCK) * BLAS_ROW_BLOCK, x.shape[1]), np.float32
+    )
+    padded[blas_layout[blas]] = x[blas]
+    padded_out = np.empty((padded.shape[0], w.shape[0]), np.float32)
+    matmul_tiled(padded, w, padded_out, BLAS_ROW_BLOCK)
+    first = blas_layout[0]
+    if blas.all() and blas_layout[-1] - first == n - 1:
+        # one prompt run (consecutive rows, in order): its rows of the output, not a copy
+        return padded_out[first : first + n]
+    out = np.empty((n, w.shape[0]), np.float32)
+    out[blas] = padded_out[blas_layout[blas]]
     if not blas.all():
         out[~blas] = _row_wise(np.ascontiguousarray(x[~blas]), w)
     return out
@@ -179,14 +178,23 @@ def _tiled(x: np.ndarray, w: QuantWeight) -> np.ndarray:
     return out
 
 
+# A unit whose fused kernel beats its row-tile kernel up to this many rows (small_n_max) takes
+# the fused kernel for row-wise work at every n: a decode step rarely has more rows.
+ROW_WISE_FUSED_MIN = 32
+
+
 def _row_wise(x: np.ndarray, w: QuantWeight) -> np.ndarray:
-    # One kernel at every n: a row's bits must not depend on how many rows share the call.
-    # The row-tile kernel where the unit has one (fast from n = 1 to 64), else the fused one.
+    # One kernel at every n: a row's bits must not depend on how many rows share the call. The
+    # fused kernel computes each row on its own too; it is used where it wins up to
+    # ROW_WISE_FUSED_MIN rows (Q8_0) or where the unit has no row-tile kernel.
     out = np.empty((x.shape[0], w.shape[0]), np.float32)
-    if w.unit.matmul_rows is not None:
-        w.unit.matmul_rows(w.raw, x, out)
+    unit = w.unit
+    if unit.matmul_rows is None or (
+        unit.matmul_small is not None and unit.small_n_max >= ROW_WISE_FUSED_MIN
+    ):
+        unit.matmul_small(w.packed, x, out)
     else:
-        w.unit.matmul_small(w.packed, x, out)
+        unit.matmul_rows(w.raw, x, out)
     return out
 
 

@@ -204,8 +204,13 @@ def check_row_tile_matmul(data: np.ndarray, qtype, out_dim: int, in_dim: int, rn
     for n in (1, 2, 5, 16, 33):
         assert np.array_equal(rows(x[:n]), full[:n]), f"{qtype.name} n={n}"
     assert np.array_equal(rows(x[7:12]), full[7:12])
-    # the engine's per-row path and the dispatch for every n the unit routes here
-    assert np.array_equal(kernels.matmul(x[:3], w, np.full(3, -1)), full[:3])
+    # the engine's per-row path (the row-tile or the fused kernel, per unit): a row's bits
+    # whatever shares the call
+    row_wise = kernels.matmul(x, w, np.full(len(x), -1))
+    for n in (1, 3, 16):
+        assert np.array_equal(kernels.matmul(x[:n], w, np.full(n, -1)), row_wise[:n])
+    assert np.array_equal(kernels.matmul(x[5:9], w, np.full(4, -1)), row_wise[5:9])
+    # the dispatch for every n the unit routes to the row-tile kernel
     lo = w.unit.small_n_max + 1 if w.unit.matmul_small is not None else 1
     for n in range(lo, w.unit.rows_n_max + 1, 5):
         assert np.array_equal(kernels.matmul(x[:n], w), full[:n]), f"{qtype.name} n={n}"
