@@ -15,11 +15,12 @@ positions <= its own (causal) and, with a sliding window w, > position - w.
 
 Work is split into items (query tile, KV head, key chunk). A tile is up to TILE consecutive
 tokens of one sequence (a prefill run), so each K/V block is widened once per tile rather than
-once per token; the query heads sharing a KV head (GQA group) share it too. Softmax is online
-(flash-attention style), one block at a time; keys a token does not see get weight 0 (no
-score is set to -inf). The key range is always cut into chunks of SPLIT_BLOCKS blocks at fixed
-positions (block index // SPLIT_BLOCKS), whose partial softmax states are merged in chunk order
-afterwards (flash-decoding): one long sequence still uses every thread, and a token's result is
+once per token; the query heads sharing a KV head (GQA group) share it too. The key range is
+always cut into chunks of SPLIT_BLOCKS blocks at fixed positions (block index //
+SPLIT_BLOCKS). Within a chunk the softmax takes three passes (all scores, then each row's max
+and weights over the whole chunk at once, then the values; keys a token does not see get weight
+0, no score is set to -inf); the chunks' partial states are merged in chunk order afterwards
+(flash-decoding): one long sequence still uses every thread, and a token's result is
 the same bits whatever tile, batch or thread count it is computed in (a batching engine gives
 each sequence the numbers it would get alone).
 """
@@ -40,9 +41,9 @@ SPLIT_BLOCKS = 8
 # a parallel region costs more than it saves.
 PARALLEL_PREPARE_MIN = 32
 PARALLEL_MERGE_MIN = 8
-# Reassociation lets the dot products vectorize; no finite-math flags (softmax states start
-# at -inf).
-_FAST = {"reassoc", "contract"}
+# Reassociation lets the dot products vectorize, and no-NaN the max over a row of scores; no
+# finite-math flag (softmax states start at -inf).
+_FAST = {"reassoc", "contract", "nnan", "nsz"}
 _NEG_INF = np.float32(-np.inf)
 
 
@@ -171,45 +172,56 @@ def _weigh_values(p, vf, acc):
 @njit(cache=True, fastmath=_FAST)
 def _attend(q, t0, t1, positions, window, h, kc, vc, table, b_start, b_end, m, l, acc):
     # Tokens t0..t1-1 (one sequence, consecutive positions), query heads h*G..(h+1)*G-1 of
-    # q: [n, nh, dk] against the keys of KV head h in logical blocks [b_start, b_end).
-    # Running softmax state per (token in tile, head in group): m, l: [>= t1 - t0, G],
-    # acc: [>= t1 - t0, G, dv] (unnormalised). Whole arrays plus indices are passed, not
-    # slices, so every row below is a contiguous array and the inner loops vectorize.
+    # q: [n, nh, dk] against the keys of KV head h in logical blocks [b_start, b_end) -> the
+    # chunk's softmax state per (token in tile, head in group): m, l: [>= t1 - t0, G] (max
+    # score, sum of exp(score - m)), acc: [>= t1 - t0, G, dv] (unnormalised weighted values).
+    # Three passes over the chunk: every score, then each row's max and weights, then the
+    # values. A chunk is at most SPLIT_BLOCKS blocks, so its scores stay in L1/L2.
     G = m.shape[1]
     dk = q.shape[2]
     bs, dv = vc.shape[2], vc.shape[3]
+    n_keys = (b_end - b_start) * bs
+    first = b_start * bs  # position of the chunk's first key
     kf = np.empty((bs, dk), np.float32)
     vf = np.empty((bs, dv), np.float32)
-    s = np.empty(bs, np.float32)
+    p = np.empty((t1 - t0, G, n_keys), np.float32)
+    # token t0 + i sees the chunk's keys lo[i] <= j < hi[i] (causal, inside its window)
+    lo = np.empty(t1 - t0, np.int64)
+    hi = np.empty(t1 - t0, np.int64)
+    for i in range(t1 - t0):
+        hi[i] = min(positions[t0 + i] + 1 - first, n_keys)
+        lo[i] = max(positions[t0 + i] - window + 1 - first, 0) if window > 0 else 0
     for b in range(b_start, b_end):
-        p0 = b * bs
+        j0 = (b - b_start) * bs
         _widen(kc, table[b], h, kf)
+        for i in range(t1 - t0):
+            if lo[i] < j0 + bs and hi[i] > j0:
+                for g in range(G):
+                    _scores(q, t0 + i, h * G + g, kf, p[i, g, j0 : j0 + bs])
+    for i in range(t1 - t0):
+        a, e = lo[i], hi[i]
+        if e <= a:
+            continue  # no key of this chunk is visible: the state stays empty
+        for g in range(G):
+            row = p[i, g]
+            mx = row[a]
+            for j in range(a + 1, e):
+                mx = max(mx, row[j])
+            total = np.float32(0.0)
+            # over the whole chunk, the keys not seen weighted 0: a fixed trip count vectorizes
+            for j in range(n_keys):
+                w = exp_f32(row[j] - mx) if a <= j < e else np.float32(0.0)
+                row[j] = w
+                total += w
+            m[i, g] = mx
+            l[i, g] = total
+    for b in range(b_start, b_end):
+        j0 = (b - b_start) * bs
         _widen(vc, table[b], h, vf)
-        for t in range(t0, t1):
-            # Token t sees keys a <= j < e of this block (causal, inside its window). Loops run
-            # over the whole block, the others weighted 0: a fixed trip count vectorizes.
-            e = min(positions[t] - p0 + 1, bs)
-            a = max(positions[t] - window + 1 - p0, 0) if window > 0 else 0
-            if e <= a:
-                continue
-            i = t - t0
-            for g in range(G):
-                _scores(q, t, h * G + g, kf, s)
-                smax = s[a]
-                for j in range(a + 1, e):
-                    smax = max(smax, s[j])
-                m_new = max(m[i, g], smax)
-                corr = exp_f32(m[i, g] - m_new)
-                m[i, g] = m_new
-                psum = np.float32(0.0)
-                for j in range(bs):
-                    s[j] = exp_f32(s[j] - m_new) if a <= j < e else np.float32(0.0)
-                    psum += s[j]
-                l[i, g] = l[i, g] * corr + psum
-                ag = acc[i, g]
-                for c in range(dv):
-                    ag[c] *= corr
-                _weigh_values(s, vf, ag)
+        for i in range(t1 - t0):
+            if lo[i] < j0 + bs and hi[i] > j0:
+                for g in range(G):
+                    _weigh_values(p[i, g, j0 : j0 + bs], vf, acc[i, g])
 
 
 @njit(cache=True, fastmath=_FAST)
