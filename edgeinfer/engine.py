@@ -23,9 +23,10 @@ from edgeinfer.sequence import Sequence
 # dequantize + BLAS path, a block per BLAS call with no padding; the prompt's tail and every
 # generated token take the row-by-row kernels. Deciding per token (not per batch size) keeps
 # each sequence's arithmetic the same whoever it shares a step with. Steps of decode tokens
-# only may instead take the fastest kernel for their size unless `batch_invariant` is set: at
-# one sequence the int8 kernel is about 2x faster than the row-tile kernel, but rounds
-# differently, so a batch then decodes slightly differently from a request alone.
+# only may instead take the fastest kernel for their size unless `batch_invariant` is set: at a
+# few sequences a 4- or 5-bit unit's int8 kernel is faster than its row-tile kernel (about 3.5x
+# at one), but rounds differently, so a batch then decodes slightly differently from a request
+# alone.
 # Output tokens per second are averaged over this many seconds.
 RATE_WINDOW_S = 3.0
 

@@ -15,7 +15,8 @@ T = min(PREFILL_CHUNK, ctx) tokens in float32:
     T × (2·n_embd + q_dim + k_dim + v_dim + attn_out_dim + 2·n_ff) × 4   residual, norm,
         q/k/v, attention output, FFN gate and up (the activation is applied in place)
   + parallel × vocab × 4                             logits of the last position of each sequence
-Attention is computed tile by tile with an online softmax, so no [T, ctx] score matrix exists.
+Attention is computed tile by tile over chunks of at most 128 keys (scores of one chunk per
+thread), so no [T, ctx] score matrix exists.
 """
 
 from __future__ import annotations

@@ -33,7 +33,6 @@ from numba.extending import overload
 from .activations import exp_f32
 from .norm import _norm_row
 from .rope import rope_cos_sin, rope_rotate
-from .simd import half_bits_to_f32
 
 TILE = 16
 SPLIT_BLOCKS = 8
@@ -42,9 +41,11 @@ SPLIT_BLOCKS = 8
 PARALLEL_PREPARE_MIN = 32
 PARALLEL_MERGE_MIN = 8
 # Reassociation lets the dot products vectorize, and no-NaN the max over a row of scores; no
-# finite-math flag (softmax states start at -inf).
+# no-infinities flag (softmax states start at -inf).
 _FAST = {"reassoc", "contract", "nnan", "nsz"}
 _NEG_INF = np.float32(-np.inf)
+_F16_MAGIC = np.float32(2.0**112)
+_F16_BITS = np.int32(-0x70002000)  # 0x8FFFE000: sign, then half's exponent and mantissa
 
 
 @njit(cache=True)
@@ -92,7 +93,18 @@ def _store_impl(x, dst, i):
 @overload(_to_f32)
 def _to_f32_impl(x):
     if x == types.uint16:
-        return lambda x: half_bits_to_f32(x)
+
+        def impl(x):
+            # Branch-free so the widening loop vectorizes on every target: the half sign-extended
+            # to int32 and shifted left 13 puts its sign, exponent and mantissa in float32
+            # position (the mask clears the extension); scaling by 2^112 rebiases the exponent,
+            # exact for normal and subnormal halves alike. (inf/NaN halves, which a usable cache
+            # never holds, come out large and finite.) LLVM's own half conversion would be one
+            # instruction on x86 with F16C, but without it is a library call Numba cannot link.
+            bits = np.int32((np.int32(np.int16(x)) << np.int32(13)) & _F16_BITS)
+            return np.float32(bits.view(np.float32) * _F16_MAGIC)
+
+        return impl
     return lambda x: x
 
 
@@ -207,12 +219,18 @@ def _attend(q, t0, t1, positions, window, h, kc, vc, table, b_start, b_end, m, l
             mx = row[a]
             for j in range(a + 1, e):
                 mx = max(mx, row[j])
+            # The keys not seen weighted 0. Summed per block (a fixed trip count from 0, which
+            # vectorizes) and the blocks in order: how many blocks the chunk has depends on the
+            # tile, and a token's sum must not (a vectorized sum's order depends on its length).
             total = np.float32(0.0)
-            # over the whole chunk, the keys not seen weighted 0: a fixed trip count vectorizes
-            for j in range(n_keys):
-                w = exp_f32(row[j] - mx) if a <= j < e else np.float32(0.0)
-                row[j] = w
-                total += w
+            for j0 in range(0, n_keys, bs):
+                block = row[j0 : j0 + bs]
+                block_sum = np.float32(0.0)
+                for k in range(bs):
+                    w = exp_f32(block[k] - mx) if a <= j0 + k < e else np.float32(0.0)
+                    block[k] = w
+                    block_sum += w
+                total += block_sum
             m[i, g] = mx
             l[i, g] = total
     for b in range(b_start, b_end):

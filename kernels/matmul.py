@@ -116,11 +116,11 @@ def matmul(x: np.ndarray, w: QuantWeight, blas_layout: np.ndarray | None = None)
     """x: float32[n, in], w: QuantWeight [out, in] -> float32[n, out].
 
     None: the path is chosen by n alone. A batching engine needs more: each sequence must get
-    the same numbers whoever it shares a step with. The row-tile kernels compute every row on
-    its own, but BLAS does not: a row's rounding depends on its place in the M-blocking of the
-    call. blas_layout: int64[n], for each row -1 (`_row_wise`) or its row in a zero-padded input
-    that is multiplied BLAS_ROW_BLOCK rows per call: a row placed at the same offset modulo
-    BLAS_ROW_BLOCK gets the same bits in any batch.
+    the same numbers whoever it shares a step with. The quantized units' row-tile and fused
+    kernels compute every row on its own, but BLAS does not: a row's rounding depends on its
+    place in the M-blocking of the call. blas_layout: int64[n], for each row -1 (`_row_wise`)
+    or its row in a zero-padded input that is multiplied BLAS_ROW_BLOCK rows per call: a row
+    placed at the same offset modulo BLAS_ROW_BLOCK gets the same bits in any batch.
     """
     x = _check_x(x, w)
     threads.apply()
@@ -179,19 +179,22 @@ def _tiled(x: np.ndarray, w: QuantWeight) -> np.ndarray:
 
 
 # A unit whose fused kernel beats its row-tile kernel up to this many rows (small_n_max) takes
-# the fused kernel for row-wise work at every n: a decode step rarely has more rows.
+# the fused kernel for row-wise work at every n: decode steps and prompt tails (under
+# BLAS_ROW_BLOCK rows each) rarely have more.
 ROW_WISE_FUSED_MIN = 32
 
 
 def _row_wise(x: np.ndarray, w: QuantWeight) -> np.ndarray:
-    # One kernel at every n: a row's bits must not depend on how many rows share the call. The
-    # fused kernel computes each row on its own too; it is used where it wins up to
-    # ROW_WISE_FUSED_MIN rows (Q8_0) or where the unit has no row-tile kernel.
+    # One kernel at every n: a row's bits must not depend on how many rows share the call. A
+    # quantized unit's row-tile and fused kernels compute each row on its own; the fused one is
+    # used where it wins up to ROW_WISE_FUSED_MIN rows (Q8_0). F32 has only BLAS, which rounds a
+    # row depending on the others in the call: one call per row.
     out = np.empty((x.shape[0], w.shape[0]), np.float32)
     unit = w.unit
-    if unit.matmul_rows is None or (
-        unit.matmul_small is not None and unit.small_n_max >= ROW_WISE_FUSED_MIN
-    ):
+    if unit.matmul_rows is None:
+        for i in range(x.shape[0]):
+            unit.matmul_small(w.packed, x[i : i + 1], out[i : i + 1])
+    elif unit.matmul_small is not None and unit.small_n_max >= ROW_WISE_FUSED_MIN:
         unit.matmul_small(w.packed, x, out)
     else:
         unit.matmul_rows(w.raw, x, out)

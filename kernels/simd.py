@@ -172,7 +172,9 @@ def local_f32(typingctx, count):
     """A pointer to `count` (a literal) float32 slots on the calling function's stack, for
     numba.carray: accumulators there cannot alias any argument, so LLVM keeps them in registers
     and shares loads between the rows that update them (a heap array is stored to memory at
-    every block, and every load after a store is repeated)."""
+    every block, and every load after a store is repeated). The slots live as long as the
+    function whose entry block holds them: call this only from inlined code, and never let the
+    array escape it."""
     if not isinstance(count, types.IntegerLiteral):
         return None
 
@@ -181,17 +183,6 @@ def local_f32(typingctx, count):
         return builder.bitcast(slots, _F32.as_pointer())
 
     return types.CPointer(types.float32)(count), codegen
-
-
-@intrinsic
-def half_bits_to_f32(typingctx, h):
-    """h: uint16 float16 bits -> float32, by LLVM's own conversion: one instruction per vector
-    where the target has one (x86 F16C, ARM fcvtl), and in loops it vectorizes."""
-
-    def codegen(context, builder, sig, args):
-        return builder.fpext(builder.bitcast(args[0], ir.HalfType()), _F32)
-
-    return types.float32(types.uint16), codegen
 
 
 @intrinsic

@@ -62,17 +62,18 @@ def ref_attention(qkv, nh, nkv, dk, dv, q_norm, k_norm, inv_freq, neox, scale, w
 class Paged:
     """A shuffled block pool and per-sequence tables, as the runner builds them."""
 
-    def __init__(self, lengths, nkv, dk, dv, dtype, rng):
-        n_blocks = sum(-(-n // BS) for n in lengths) + 3
+    def __init__(self, lengths, nkv, dk, dv, dtype, rng, bs=BS):
+        self.bs = bs
+        n_blocks = sum(-(-n // bs) for n in lengths) + 3
         perm = rng.permutation(n_blocks)
-        self.tables = np.zeros((len(lengths), max(-(-n // BS) for n in lengths)), np.int32)
+        self.tables = np.zeros((len(lengths), max(-(-n // bs) for n in lengths)), np.int32)
         used = 0
         for s, n in enumerate(lengths):
-            nb = -(-n // BS)
+            nb = -(-n // bs)
             self.tables[s, :nb] = perm[used : used + nb]
             used += nb
-        self.k = np.zeros((n_blocks, nkv, BS, dk), dtype)
-        self.v = np.zeros((n_blocks, nkv, BS, dv), dtype)
+        self.k = np.zeros((n_blocks, nkv, bs, dk), dtype)
+        self.v = np.zeros((n_blocks, nkv, bs, dv), dtype)
 
     def batch(self, spans):
         """spans: [(seq, start, stop)] -> (seq_rows, positions, slots) for those tokens."""
@@ -81,7 +82,8 @@ class Paged:
             rows += [s] * (b - a)
             pos += list(range(a, b))
         rows, pos = np.array(rows, np.int32), np.array(pos, np.int32)
-        slots = self.tables[rows, pos // BS].astype(np.int64) * BS + pos % BS
+        bs = self.bs
+        slots = self.tables[rows, pos // bs].astype(np.int64) * bs + pos % bs
         return rows, pos, slots
 
 
@@ -169,3 +171,32 @@ def test_decode_gqa_one_kv_head_long_window():
         rng, 4, 1, 256, 256, True, True, 40, np.uint16,
         lengths=[90, 30, 57, 41], split_at=[89, 29, 56, 40],
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("window", [0, 20, 45])
+@pytest.mark.parametrize("bs", [16, 12])
+def test_a_tokens_bits_do_not_depend_on_how_its_sequence_was_split(bs, window):
+    # What a batch-invariant engine relies on: a token's output is the same bits whether its
+    # sequence came in one prefill, in chunks or one token at a time (other tiles, other chunk
+    # lengths), also with a block size that is no multiple of any vector width.
+    rng = np.random.default_rng(bs + window)
+    nh, nkv, dk, n = 4, 2, 32, 150
+    qkv = rng.standard_normal((n, (nh + 2 * nkv) * dk)).astype(np.float32)
+    none = np.zeros(0, np.float32)
+    inv_freq = rope_inv_freq(dk, 10000.0)
+
+    def run(chunks):
+        cache = Paged([n], nkv, dk, dk, np.uint16, np.random.default_rng(0), bs)
+        out, a = np.empty((n, nh * dk), np.float32), 0
+        for size in chunks:
+            rows, pos, slots = cache.batch([(0, a, a + size)])
+            out[a : a + size] = self_attention(
+                qkv[a : a + size].copy(), none, none, 1e-6, inv_freq, True, dk**-0.5, window,
+                cache.k, cache.v, cache.tables, rows, pos, slots, nh,
+            )  # fmt: skip
+            a += size
+        return out
+
+    whole = run([n])
+    np.testing.assert_array_equal(run([1] * n), whole)
+    np.testing.assert_array_equal(run([37, 5, 60, 1, 47]), whole)

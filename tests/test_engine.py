@@ -7,6 +7,7 @@ import pytest
 from edgeinfer.engine import Engine, RequestTooLargeError
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.gguf_reader import read_gguf
+from edgeinfer.kernels.matmul import BLAS_ROW_BLOCK
 from edgeinfer.llm import LLM
 from edgeinfer.memory_plan import kv_block_bytes, step_bytes
 from edgeinfer.model_config import ModelConfig
@@ -118,17 +119,20 @@ def test_abort_during_prefill_and_during_decode_frees_every_block(synth):
 
 
 def test_a_second_chat_turn_reuses_the_first_turns_blocks(real_model):
-    # batch-invariant: only that mode promises the reply of a recomputed history bit for bit
-    # (the default mode may take other kernels for the new tokens than for a whole prompt)
+    # batch-invariant, with the whole history under one BLAS block: then every position takes
+    # the row-wise kernels in both runs, and a recomputed history must give the same reply bit
+    # for bit (a history of a whole BLAS block or more would be prefilled by BLAS when
+    # recomputed, but was computed row by row when cached)
     llm = LLM(str(real_model(SMOL)), threads=1, batch_invariant=True)
     history = [{"role": "user", "content": "What is the capital of France?"}]
-    first = llm.chat(history, GREEDY)[0]
+    first = llm.chat(history, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))[0]
     history += [
         {"role": "assistant", "content": first.text},
         {"role": "user", "content": "And of Italy?"},
     ]
     second = llm.stream_chat(history, GREEDY)
     text = "".join(second)
+    assert second.completion.metrics.prompt_tokens < BLAS_ROW_BLOCK
     reused = second.sequence.num_cached_tokens
     # everything up to the last full block of the first turn's prompt and reply
     assert reused >= (first.metrics.prompt_tokens + len(first.token_ids) - 16) // 16 * 16 - 16

@@ -114,6 +114,22 @@ def test_stacked_weights_in_one_buffer_give_each_parts_own_rows(qtype):
     assert kernels.stack([parts[0], apart]) is None  # not in one buffer
 
 
+def test_f32_rows_of_the_per_row_path_do_not_depend_on_the_batch():
+    # F32 has no row-tile kernel, only BLAS, whose rounding of a row depends on the other rows
+    # of the call; the engine's per-row path must not.
+    rng = np.random.default_rng(5)
+    w = kernels.QuantWeight.from_raw(
+        rng.standard_normal((300, 576)).astype(np.float32).view(np.uint8), T.F32, (300, 576)
+    )
+    x = rng.standard_normal((40, 576)).astype(np.float32)
+    full = kernels.matmul(x, w, np.full(len(x), -1))
+    want = x.astype(np.float64) @ w.raw.view(np.float32).T.astype(np.float64)
+    np.testing.assert_allclose(full, want, rtol=1e-4, atol=1e-3)
+    for n in (1, 3, 16):
+        assert np.array_equal(kernels.matmul(x[:n], w, np.full(n, -1)), full[:n])
+    assert np.array_equal(kernels.matmul(x[7:30], w, np.full(23, -1)), full[7:30])
+
+
 def test_matmul_checks_and_converts_x():
     rng = np.random.default_rng(4)
     w = kernels.QuantWeight.from_raw(q8_0_bytes(10, 64, rng), T.Q8_0, (10, 64))
@@ -218,5 +234,6 @@ def check_row_tile_matmul(data: np.ndarray, qtype, out_dim: int, in_dim: int, rn
     try:
         kernels.set_threads(1)
         assert np.array_equal(rows(x), full)
+        assert np.array_equal(kernels.matmul(x, w, np.full(len(x), -1)), row_wise)
     finally:
         kernels.set_threads(before)

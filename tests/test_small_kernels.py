@@ -128,8 +128,8 @@ def test_float_to_half_matches_numpy():
 
 
 @njit(cache=True)
-def _widen_njit(src, dst):
-    _widen(src, dst)
+def _widen_njit(cache, dst):
+    _widen(cache, 0, 0, dst)
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.float32], ids=["f16", "f32"])
@@ -140,6 +140,6 @@ def test_widen_cache_block_is_exact(dtype):
     halves = halves[: halves.size // 64 * 64].reshape(-1, 64)
     src = halves if dtype == np.uint16 else halves.view(np.float16).astype(np.float32)
     got = np.empty(src.shape, np.float32)
-    _widen_njit(src, got)
+    _widen_njit(src[None, None], got)  # as block 0, head 0 of a cache
     want = halves.view(np.float16).astype(np.float32)
     np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
