@@ -90,9 +90,11 @@ def test_bad_requests_raise_when_added(engine):
             engine.add_request([], LONG)
         with pytest.raises(PromptError, match="out of range|must be in"):
             engine.add_request([10**9], LONG)
-        stream = engine.add_request([1, 2], SamplingParams(max_tokens=2), request_id="dup")
+        # long enough to be still running when its id is reused (two tokens could finish first)
+        stream = engine.add_request([1, 2], LONG, request_id="dup")
         with pytest.raises(EdgeInferError, match="already in use"):
             engine.add_request([1, 2], SamplingParams(max_tokens=2), request_id="dup")
+        engine.abort("dup")
         return await collect(stream)
 
     assert asyncio.run(main())[-1].finished
