@@ -181,6 +181,13 @@ def _weigh_values(p, vf, acc):
             acc[c] += pj * vr[c]
 
 
+# Does a token that sees the chunk's keys lo <= j < hi see any of the block at keys j0..j0+bs-1?
+# The score and value passes must skip the same blocks.
+@njit(cache=True, inline="always")
+def _sees(lo, hi, j0, bs):
+    return lo < j0 + bs and hi > j0
+
+
 @njit(cache=True, fastmath=_FAST)
 def _attend(q, t0, t1, positions, window, h, kc, vc, table, b_start, b_end, m, l, acc):
     # Tokens t0..t1-1 (one sequence, consecutive positions), query heads h*G..(h+1)*G-1 of
@@ -207,7 +214,7 @@ def _attend(q, t0, t1, positions, window, h, kc, vc, table, b_start, b_end, m, l
         j0 = (b - b_start) * bs
         _widen(kc, table[b], h, kf)
         for i in range(t1 - t0):
-            if lo[i] < j0 + bs and hi[i] > j0:
+            if _sees(lo[i], hi[i], j0, bs):
                 for g in range(G):
                     _scores(q, t0 + i, h * G + g, kf, p[i, g, j0 : j0 + bs])
     for i in range(t1 - t0):
@@ -237,7 +244,7 @@ def _attend(q, t0, t1, positions, window, h, kc, vc, table, b_start, b_end, m, l
         j0 = (b - b_start) * bs
         _widen(vc, table[b], h, vf)
         for i in range(t1 - t0):
-            if lo[i] < j0 + bs and hi[i] > j0:
+            if _sees(lo[i], hi[i], j0, bs):
                 for g in range(G):
                     _weigh_values(p[i, g, j0 : j0 + bs], vf, acc[i, g])
 
