@@ -364,12 +364,13 @@ def _self_attention(
     seq_rows,
     positions,
     slots,
-    q,
-    out,
+    nh,
 ):
-    n, nh, dk = q.shape
+    n, dk = qkv.shape[0], kc.shape[3]
     nkv, bs, dv = vc.shape[1], vc.shape[2], vc.shape[3]
     G = nh // nkv
+    q = np.empty((n, nh, dk), np.float32)
+    out = np.empty((n, nh * dv), np.float32)
     if n < PARALLEL_PREPARE_MIN:
         for t in range(n):
             _prepare_token(
@@ -399,6 +400,7 @@ def _self_attention(
     else:
         for th in prange(n * nkv):
             _merge(th // nkv, th % nkv, tiles, first_item, n_chunks, m_kept, l_kept, acc_kept, out)
+    return out
 
 
 def self_attention(
@@ -429,10 +431,7 @@ def self_attention(
     seq_rows: int32[n] (row of block_tables per token); positions: int32[n]; slots: int64[n]
     -> float32[n, n_heads * dv]
     """
-    n = qkv.shape[0]
-    q = np.empty((n, n_heads, k_cache.shape[3]), np.float32)
-    out = np.empty((n, n_heads * v_cache.shape[3]), np.float32)
-    _self_attention(
+    return _self_attention(
         qkv,
         q_norm,
         k_norm,
@@ -447,7 +446,5 @@ def self_attention(
         seq_rows,
         positions,
         slots,
-        q,
-        out,
+        n_heads,
     )
-    return out

@@ -60,11 +60,18 @@ class Linear:
         # decode: parts of one type that the file does not store back to back (Q, K, V) still
         # share one kernel launch
         self.stacked = kernels.stack(parts)
+        # The fused kernel's own arguments, bound once: a decode step makes about four calls per
+        # layer, and the general path's checks and dispatch cost a third of a small call.
+        unit = self._unit = parts[0].unit
+        self._small_packed = self.stacked if len(parts) > 1 else parts[0].packed
+        fused = unit.matmul_small is not None and self._small_packed is not None
+        self._small_n_max = unit.small_n_max if fused else 0
 
     def __call__(self, x: np.ndarray, blas_layout: np.ndarray | None = None) -> np.ndarray:
-        small = self.stacked is not None and x.shape[0] <= self.parts[0].unit.small_n_max
-        if small and blas_layout is None:
-            y = kernels.matmul_stacked(x, self.parts, self.stacked)
+        if blas_layout is None and x.shape[0] <= self._small_n_max and _as_is(x, self.shape[1]):
+            kernels.threads.apply()
+            y = np.empty((x.shape[0], self.shape[0]), np.float32)
+            self._unit.matmul_small(self._small_packed, x, y)
         elif len(self.parts) == 1:
             y = kernels.matmul(x, self.parts[0], blas_layout)
         else:
@@ -72,6 +79,11 @@ class Linear:
         if self.bias is not None:
             y += self.bias
         return y
+
+
+def _as_is(x: np.ndarray, cols: int) -> bool:
+    """x is what the fused kernels take without a copy (the model's own activations are)."""
+    return x.ndim == 2 and x.shape[1] == cols and x.dtype == np.float32 and x.flags.c_contiguous
 
 
 @dataclass
