@@ -237,3 +237,27 @@ def check_row_tile_matmul(data: np.ndarray, qtype, out_dim: int, in_dim: int, rn
         assert np.array_equal(kernels.matmul(x, w, np.full(len(x), -1)), row_wise)
     finally:
         kernels.set_threads(before)
+
+
+def test_linear_fast_path_matches_the_general_path():
+    # Decode-sized calls skip kernels.matmul's checks; an input the fused kernel cannot take as
+    # it is (strided, float64) must still get the same numbers through the general path.
+    from edgeinfer.models.base import Linear
+
+    rng = np.random.default_rng(6)
+    cols, outs = 256, (24, 8, 8)
+    buf = q8_0_bytes(sum(outs), cols, rng)
+    buf.flags.writeable = False
+    row_bytes = cols // 32 * 34
+    ends = np.cumsum((0, *outs)) * row_bytes
+    parts = [
+        kernels.QuantWeight.from_raw(buf[a:b], T.Q8_0, (o, cols))
+        for a, b, o in zip(ends[:-1], ends[1:], outs, strict=True)
+    ]
+    for linear in (Linear(parts), Linear(parts[:1])):
+        for n in (1, 3):
+            x = rng.standard_normal((n, 2 * cols)).astype(np.float32)
+            want = np.concatenate([kernels.matmul(x[:, ::2], p) for p in linear.parts], axis=1)
+            assert np.array_equal(linear(np.ascontiguousarray(x[:, ::2])), want)
+            assert np.array_equal(linear(x[:, ::2]), want)
+            assert np.array_equal(linear(x[:, ::2].astype(np.float64)), want)
