@@ -150,11 +150,11 @@ def matmul(x: np.ndarray, w: QuantWeight, blas_layout: np.ndarray | None = None)
 
 
 def matmul_stacked(x: np.ndarray, parts: list[QuantWeight], packed: tuple) -> np.ndarray:
-    """x: float32[n, in], n <= the parts' small_n_max; packed: `weight.stack(parts)`
-    -> float32[n, sum of the parts' outs], in one kernel launch."""
+    """x: float32[n, in], n <= the parts' small_n_max; packed: `weight.stack(parts)`, or a lone
+    part's own `.packed` -> float32[n, sum of the parts' outs], in one kernel launch."""
     x = _check_x(x, parts[0])
     threads.apply()
-    out = np.empty((x.shape[0], int(packed[2][-1])), np.float32)
+    out = np.empty((x.shape[0], sum(p.shape[0] for p in parts)), np.float32)
     parts[0].unit.matmul_small(packed, x, out)
     return out
 

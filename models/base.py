@@ -60,18 +60,17 @@ class Linear:
         # decode: parts of one type that the file does not store back to back (Q, K, V) still
         # share one kernel launch
         self.stacked = kernels.stack(parts)
-        # The fused kernel's own arguments, bound once: a decode step makes about four calls per
-        # layer, and the general path's checks and dispatch cost a third of a small call.
-        unit = self._unit = parts[0].unit
+        # Decode-sized calls go straight to the fused kernel, one weight or stacked parts alike:
+        # a step makes about four per layer, and the general path's dispatch by n costs a third
+        # of a small call.
+        unit = parts[0].unit
         self._small_packed = self.stacked if len(parts) > 1 else parts[0].packed
         fused = unit.matmul_small is not None and self._small_packed is not None
         self._small_n_max = unit.small_n_max if fused else 0
 
     def __call__(self, x: np.ndarray, blas_layout: np.ndarray | None = None) -> np.ndarray:
-        if blas_layout is None and x.shape[0] <= self._small_n_max and _as_is(x, self.shape[1]):
-            kernels.threads.apply()
-            y = np.empty((x.shape[0], self.shape[0]), np.float32)
-            self._unit.matmul_small(self._small_packed, x, y)
+        if blas_layout is None and x.shape[0] <= self._small_n_max:
+            y = kernels.matmul_stacked(x, self.parts, self._small_packed)
         elif len(self.parts) == 1:
             y = kernels.matmul(x, self.parts[0], blas_layout)
         else:
@@ -79,11 +78,6 @@ class Linear:
         if self.bias is not None:
             y += self.bias
         return y
-
-
-def _as_is(x: np.ndarray, cols: int) -> bool:
-    """x is what the fused kernels take without a copy (the model's own activations are)."""
-    return x.ndim == 2 and x.shape[1] == cols and x.dtype == np.float32 and x.flags.c_contiguous
 
 
 @dataclass
