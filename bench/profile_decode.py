@@ -13,6 +13,7 @@ compiled-kernel time: everything the interpreter does between kernels (the goal 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import time
 from collections import defaultdict
@@ -21,6 +22,8 @@ from contextlib import contextmanager
 import numpy as np
 
 import edgeinfer.models.base as base
+from edgeinfer import kernels
+from edgeinfer.kernels.block_matmul import Fused
 from edgeinfer.runner import ModelRunner
 
 # Thin Python wrappers around one compiled kernel each (their own overhead is an np.empty).
@@ -42,6 +45,7 @@ class _Clock:
         self.calls: dict[str, int] = defaultdict(int)
 
     def wrap(self, kind: str, fn):
+        @functools.wraps(fn)
         def timed(*args, **kwargs):
             t0 = time.perf_counter()
             try:
@@ -70,6 +74,8 @@ def _instrumented(runner: ModelRunner, clock: _Clock):
         (u, f): getattr(u, f) for u in units for f in kernel_fields if getattr(u, f) is not None
     }
     saved_tiled = kmatmul.matmul_tiled
+    linears = [lin for lin in [model.output, *_linears(model)] if lin.small is not None]
+    saved_small = [lin.small for lin in linears]
 
     def linear_call(self, x, blas_layout=None):
         t0 = time.perf_counter()
@@ -86,8 +92,12 @@ def _instrumented(runner: ModelRunner, clock: _Clock):
         base.Linear.__call__ = linear_call
         base.kernels.embedding = clock.wrap("embedding", saved_embedding)
         for (u, f), fn in saved_units.items():
-            # units are frozen dataclasses; this swap is undone below
-            object.__setattr__(u, f, clock.wrap(COMPILED_MATMUL, fn))
+            if isinstance(fn, Fused):  # time the compiled kernel, not the Python around it
+                fn.kernel = clock.wrap(COMPILED_MATMUL, fn.kernel)
+            else:  # units are frozen dataclasses; this swap is undone below
+                object.__setattr__(u, f, clock.wrap(COMPILED_MATMUL, fn))
+        for lin in linears:  # decode calls go to kernels bound at load: bind the timed ones
+            lin.small = kernels.bind_stacked(lin.parts, lin.small_packed)
         # types without a fused small-n kernel go through dequantize tiles + BLAS
         kmatmul.matmul_tiled = clock.wrap(COMPILED_MATMUL, saved_tiled)
         yield
@@ -97,7 +107,12 @@ def _instrumented(runner: ModelRunner, clock: _Clock):
         base.Linear.__call__ = saved_call
         base.kernels.embedding = saved_embedding
         for (u, f), fn in saved_units.items():
-            object.__setattr__(u, f, fn)
+            if isinstance(fn, Fused):
+                fn.kernel = fn.kernel.__wrapped__
+            else:
+                object.__setattr__(u, f, fn)
+        for lin, small in zip(linears, saved_small, strict=True):
+            lin.small = small
         kmatmul.matmul_tiled = saved_tiled
 
 

@@ -246,23 +246,28 @@ class ModelRunner:
                 f"KV cache full: {need} blocks needed, {blocks.num_free_blocks} free "
                 f"({blocks.num_blocks} blocks of {blocks.block_size} tokens)"
             )
-        sizes = [ids.size for _, ids in requests]
-        starts = [blocks.seq_len(s) for s, _ in requests]
-        slots = [blocks.append(s, ids.size) for s, ids in requests]
-        ends = np.cumsum(sizes)
-        last_rows = ends - 1 if wanted is None else (ends - 1)[np.asarray(wanted, bool)]
+        # Built from Python lists, one array each: a decode step has a few tokens, and each
+        # numpy call on a tiny array costs more than the list it replaces.
+        positions, seq_rows, slots, last_rows = [], [], [], []
+        for row, (s, ids) in enumerate(requests):
+            start = blocks.seq_len(s)
+            positions += range(start, start + ids.size)
+            seq_rows += [row] * ids.size
+            slots += blocks.append(s, ids.size)
+            if wanted is None or wanted[row]:
+                last_rows.append(len(positions) - 1)
         batch = Batch(
             token_ids=np.concatenate([ids for _, ids in requests]),
-            positions=np.concatenate(
-                [np.arange(p, p + k, dtype=np.int32) for p, k in zip(starts, sizes, strict=True)]
-            ),
-            seq_rows=np.repeat(np.arange(len(requests), dtype=np.int32), sizes),
-            slots=np.array([x for s in slots for x in s], np.int64),
+            positions=np.array(positions, np.int32),
+            seq_rows=np.array(seq_rows, np.int32),
+            slots=np.array(slots, np.int64),
             block_tables=self.kv.block_tables([s for s, _ in requests]),
-            logit_rows=None if all_logits else last_rows.astype(np.int64),
+            logit_rows=None if all_logits else np.array(last_rows, np.int64),
             blas_layout=blas_layout,
         )
         logits = self.model.forward(batch, self.kv.k, self.kv.v)
         if all_logits:
-            return np.split(logits, ends[:-1])
+            return np.split(
+                logits, np.cumsum([ids.size for _, ids in requests[:-1]], dtype=np.int64)
+            )
         return [logits[i : i + 1] for i in range(logits.shape[0])]

@@ -3,7 +3,7 @@
     dequantize(data, qtype, shape) -> float32 array of `shape`   (bit-exact with gguf.quants)
     QuantWeight.from_raw(data, qtype, shape)   .shape (out, in) .qtype .nbytes .extra_nbytes
     matmul(x, w)      # x: float32[n, in], w: [out, in] -> float32[n, out]
-    matmul_stacked(x, parts, stack(parts))   # several weights of one type, one launch
+    bind_stacked(parts, stack(parts))(x)   # several weights of one type, one launch
     embedding(w, ids) # w: [vocab, dim], ids: int[n] -> float32[n, dim]
     set_threads(n) / get_threads()
 
@@ -25,7 +25,7 @@ refresh(Path(__file__).parent)  # before any kernel is loaded from the disk cach
 import numpy as np  # noqa: E402
 
 from . import threads  # noqa: E402
-from .matmul import embedding, matmul, matmul_stacked  # noqa: E402
+from .matmul import bind_stacked, embedding, matmul  # noqa: E402
 from .registry import (  # noqa: E402
     QuantType,
     UnsupportedTypeError,
@@ -53,12 +53,12 @@ __all__ = [
     "QuantType",
     "QuantWeight",
     "UnsupportedTypeError",
+    "bind_stacked",
     "dequantize",
     "embedding",
     "get_threads",
     "get_unit",
     "matmul",
-    "matmul_stacked",
     "register",
     "set_threads",
     "stack",

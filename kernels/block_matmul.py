@@ -7,6 +7,8 @@ the rows PREFETCH_ROWS ahead are prefetched while these are computed: on the 2-c
 measured, the hardware prefetcher alone kept a 4-row walk at a third of the read bandwidth.
 """
 
+from functools import partial
+
 import numpy as np
 from numba import carray, njit, prange
 
@@ -111,11 +113,17 @@ def parts_of(raw):
     return raw.reshape(-1), np.zeros(1, np.int64), np.array([raw.shape[0]], np.int64)
 
 
-def fused(kernel):
-    """kernel(flat, starts, ends, halves, x, out), a unit's jitted wrapper of block_matmul -> its
-    `matmul_small` on the packed (flat, starts, ends) of `parts_of` or `kernels.stack`."""
+class Fused:
+    """A unit's `matmul_small`, from its jitted wrapper of block_matmul
+    kernel(flat, starts, ends, halves, x, out), on the packed (flat, starts, ends) of `parts_of`
+    or `kernels.stack`."""
 
-    def matmul_small(packed, x, out):
-        kernel(*packed, HALF_TABLE, x, out)
+    def __init__(self, kernel):
+        self.kernel = kernel
 
-    return matmul_small
+    def __call__(self, packed, x, out):
+        self.kernel(*packed, HALF_TABLE, x, out)
+
+    def bind(self, packed):
+        """-> f(x, out): the kernel with its weight arguments bound, no Python frame between."""
+        return partial(self.kernel, *packed, HALF_TABLE)

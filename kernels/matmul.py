@@ -1,6 +1,8 @@
 """y = x · Wᵀ for any GGML type: fused int8 kernels for the smallest n, row-tile kernels (built
 here from the units' row dequantizers) for batched decode, dequantized tiles + BLAS for large n."""
 
+from collections.abc import Callable
+
 import numpy as np
 from numba import njit, prange
 
@@ -149,14 +151,27 @@ def matmul(x: np.ndarray, w: QuantWeight, blas_layout: np.ndarray | None = None)
     return out
 
 
-def matmul_stacked(x: np.ndarray, parts: list[QuantWeight], packed: tuple) -> np.ndarray:
-    """x: float32[n, in], n <= the parts' small_n_max; packed: `weight.stack(parts)`, or a lone
-    part's own `.packed` -> float32[n, sum of the parts' outs], in one kernel launch."""
-    x = _check_x(x, parts[0])
-    threads.apply()
-    out = np.empty((x.shape[0], sum(p.shape[0] for p in parts)), np.float32)
-    parts[0].unit.matmul_small(packed, x, out)
-    return out
+def bind_stacked(parts: list[QuantWeight], packed: tuple) -> Callable[[np.ndarray], np.ndarray]:
+    """packed: `weight.stack(parts)`, or a lone part's own `.packed` -> f(x): x: float32[n, in],
+    n <= the parts' small_n_max -> float32[n, sum of the parts' outs], in one kernel launch.
+
+    Everything about the weights is settled here, once: a decode step makes about four such
+    calls per layer, and the Python around a small call costs a tenth of it.
+    """
+    first = parts[0]
+    cols = first.shape[1]
+    out_cols = sum(p.shape[0] for p in parts)
+    kernel = first.unit.bind_small(packed)
+
+    def call(x: np.ndarray) -> np.ndarray:
+        if x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != cols or not x.flags.c_contiguous:
+            x = _check_x(x, first)
+        threads.apply()
+        out = np.empty((x.shape[0], out_cols), np.float32)
+        kernel(x, out)
+        return out
+
+    return call
 
 
 def _by_n(x: np.ndarray, w: QuantWeight) -> np.ndarray:

@@ -7,7 +7,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from numba import njit
 
-from .block_matmul import block_matmul, fused, parts_of
+from .block_matmul import Fused, block_matmul, parts_of
 from .floatbits import read_half
 from .kquant_common import f16_at
 from .matmul import each_row, row_tile_matmul
@@ -74,7 +74,7 @@ UNIT = register(
         block_size=BLOCK,
         type_size=TYPE_SIZE,
         dequantize_rows=dequantize_rows,
-        matmul_small=fused(matmul_fused),
+        matmul_small=Fused(matmul_fused),
         repack=parts_of,
         # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
         small_n_max=7,

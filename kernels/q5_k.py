@@ -9,7 +9,7 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from numba import njit
 
-from .block_matmul import block_matmul, fused, parts_of
+from .block_matmul import Fused, block_matmul, parts_of
 from .kquant_common import QK_K, SUM_GROUP, f16_at, scale_min_k4
 from .kquant_dot import GROUPS, Field, Layout, super_block_dot
 from .matmul import each_row, row_tile_matmul
@@ -85,7 +85,7 @@ register(
         block_size=QK_K,
         type_size=TYPE_SIZE,
         dequantize_rows=dequantize_rows,
-        matmul_small=fused(matmul_fused),
+        matmul_small=Fused(matmul_fused),
         repack=parts_of,
         # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
         small_n_max=12,

@@ -39,6 +39,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -84,6 +85,11 @@ class QuantType:
     def __post_init__(self):
         if (self.block_size, self.type_size) != GGML_QUANT_SIZES[self.qtype]:
             raise ValueError(f"{self.qtype.name}: block/type size disagree with GGML_QUANT_SIZES")
+
+    def bind_small(self, packed: tuple) -> Callable:
+        """-> f(x, out) = matmul_small(packed, x, out), for a weight called many times."""
+        bind = getattr(self.matmul_small, "bind", None)
+        return bind(packed) if bind is not None else partial(self.matmul_small, packed)
 
     def row_bytes(self, cols: int) -> int:
         return cols // self.block_size * self.type_size

@@ -64,13 +64,14 @@ class Linear:
         # a step makes about four per layer, and the general path's dispatch by n costs a third
         # of a small call.
         unit = parts[0].unit
-        self._small_packed = self.stacked if len(parts) > 1 else parts[0].packed
-        fused = unit.matmul_small is not None and self._small_packed is not None
+        self.small_packed = self.stacked if len(parts) > 1 else parts[0].packed
+        fused = unit.matmul_small is not None and self.small_packed is not None
         self._small_n_max = unit.small_n_max if fused else 0
+        self.small = kernels.bind_stacked(parts, self.small_packed) if fused else None
 
     def __call__(self, x: np.ndarray, blas_layout: np.ndarray | None = None) -> np.ndarray:
         if blas_layout is None and x.shape[0] <= self._small_n_max:
-            y = kernels.matmul_stacked(x, self.parts, self._small_packed)
+            y = self.small(x)
         elif len(self.parts) == 1:
             y = kernels.matmul(x, self.parts[0], blas_layout)
         else:
@@ -258,8 +259,9 @@ class DecoderModel:
             )
             o = L.wo(attn, blas)
             if i == last and batch.logit_rows is not None:
-                # Only the rows whose logits are wanted need the last FFN and the head.
-                x, o = x[batch.logit_rows], o[batch.logit_rows]
+                if len(batch.logit_rows) < len(x):  # (a decode step wants every row)
+                    # Only the rows whose logits are wanted need the last FFN and the head.
+                    x, o = x[batch.logit_rows], o[batch.logit_rows]
                 # one row per sequence: the fused kernels, which need no layout to be exact
                 blas = None if blas is None else np.full(len(x), -1, np.int64)
             h = add_rms_norm(x, o, L.post_attn_norm, L.ffn_norm, eps)

@@ -105,7 +105,7 @@ def test_stacked_weights_in_one_buffer_give_each_parts_own_rows(qtype):
     for n in range(1, parts[0].unit.small_n_max + 1):
         x = rng.standard_normal((n, cols), dtype=np.float32)
         want = np.concatenate([kernels.matmul(x, p) for p in parts], axis=1)
-        got = kernels.matmul_stacked(x, parts, packed)
+        got = kernels.bind_stacked(parts, packed)(x)
         assert got.shape == (n, sum(outs)) and np.isfinite(got).all()
         assert np.array_equal(got, want)
     other = kernels.QuantWeight.from_raw(np.zeros(8 * cols, np.float32), T.F32, (8, cols))
