@@ -6,27 +6,27 @@ from gguf import GGMLQuantizationType
 from numba import njit
 
 from .floatbits import bf16_to_float
-from .matmul import each_row, row_tile_matmul
+from .matmul import each_row, row_tile_matmul, with_halves
 from .registry import QuantType, register
 
 
 # raw: [cols * 2] (one row) -> out: [cols]
 @njit(cache=True)
-def dequantize_row(raw, out):
+def dequantize_row(raw, halves, out):
     for j in range(out.shape[0]):
         out[j] = bf16_to_float(np.uint32(raw[2 * j]) | np.uint32(raw[2 * j + 1]) << 8)
 
 
 # raw: [rows, cols * 2] -> out: [rows, cols]
 @njit(parallel=True, cache=True)
-def dequantize_rows(raw, out):
-    each_row(dequantize_row, raw, out)
+def dequantize_rows(raw, halves, out):
+    each_row(dequantize_row, raw, halves, out)
 
 
 # raw: [out, cols * 2], x: [n, in] -> out: [n, out]
 @njit(parallel=True, cache=True, fastmath=True)
-def matmul_rows(raw, x, out):
-    row_tile_matmul(dequantize_row, raw, x, out)
+def matmul_rows(raw, halves, x, out):
+    row_tile_matmul(dequantize_row, raw, halves, x, out)
 
 
 UNIT = register(
@@ -34,8 +34,8 @@ UNIT = register(
         qtype=GGMLQuantizationType.BF16,
         block_size=1,
         type_size=2,
-        dequantize_rows=dequantize_rows,
+        dequantize_rows=with_halves(dequantize_rows),
         matmul_small=None,
-        matmul_rows=matmul_rows,
+        matmul_rows=with_halves(matmul_rows),
     )
 )

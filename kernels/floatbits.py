@@ -50,12 +50,6 @@ def half_to_float(h):
 
 
 @njit(cache=True, inline="always")
-def load_half(raw, row, off):
-    """raw: uint8[rows, row_bytes]; the little-endian float16 at byte `off` of `row` -> float32."""
-    return half_to_float(np.uint32(raw[row, off]) | np.uint32(raw[row, off + 1]) << np.uint32(8))
-
-
-@njit(cache=True, inline="always")
 def bf16_to_float(h):
     """h: bfloat16 bits -> float32 (bfloat16 is the top half of a float32)."""
     return np.uint32(np.uint32(h) << np.uint32(16)).view(np.float32)

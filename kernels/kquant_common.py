@@ -14,17 +14,9 @@ intrinsic `kquant_dot.super_block_dot` builds from the type's layout.
 import numpy as np
 from numba import njit
 
-from .floatbits import half_to_float
-
 QK_K = 256
 SUM_GROUP = 16  # activation sums per 16 values: the finest scale group of any K-quant
 I32 = np.int32
-
-
-# w: uint8 bytes, off: byte offset of a little-endian float16 -> float32
-@njit(cache=True, inline="always")
-def f16_at(w, off):
-    return half_to_float(np.uint32(w[off]) | (np.uint32(w[off + 1]) << np.uint32(8)))
 
 
 # w: uint8 bytes, off: offset of a Q4_K/Q5_K block's 12 scale bytes, j: sub-block 0..7

@@ -7,6 +7,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import threads
+from .floatbits import HALF_TABLE
 from .weight import QuantWeight
 
 # Rows of W dequantized per BLAS call in the large-n path: a float32 tile of about this many bytes
@@ -19,13 +20,26 @@ TILE_BYTES = 2 << 20
 ROW_TILE = 8
 
 
-# dequantize_row: a unit's serial (raw u8[row_bytes], out f32[in]) -> None;
-# raw: [rows, row_bytes] -> out: [rows, in]. Inlined into each unit's own kernel: a jitted function
-# passed as an argument would key Numba's disk cache on its address, missing on every start.
+# dequantize_row: a unit's serial (raw u8[row_bytes], halves, out f32[in]) -> None, halves:
+# floatbits.HALF_TABLE (a legacy block's float16 scales read through it: one load instead of a
+# dozen bit operations, for each 32 weights); raw: [rows, row_bytes] -> out: [rows, in]. Inlined
+# into each unit's own kernel: a jitted function passed as an argument would key Numba's disk
+# cache on its address, missing on every start.
 @njit(cache=True, inline="always")
-def each_row(dequantize_row, raw, out):
+def each_row(dequantize_row, raw, halves, out):
     for r in prange(raw.shape[0]):
-        dequantize_row(raw[r], out[r])
+        dequantize_row(raw[r], halves, out[r])
+
+
+def with_halves(kernel: Callable) -> Callable:
+    """kernel(raw, halves, *rest), a unit's jitted kernel built on its dequantize_row -> the
+    unit-interface f(raw, *rest), with floatbits.HALF_TABLE passed (an argument, not a constant
+    compiled into every kernel: see floatbits)."""
+
+    def call(raw, *rest):
+        kernel(raw, HALF_TABLE, *rest)
+
+    return call
 
 
 # x: [n, in], raw: [out, row_bytes] -> out: [n, out]. Each prange item dequantizes ROW_TILE rows
@@ -36,7 +50,7 @@ def each_row(dequantize_row, raw, out):
 # path, so its bits do not depend on n, `out` or the threads. Inlined like `each_row`; the unit's
 # kernel is compiled with fastmath, which lets LLVM vectorize the reductions.
 @njit(cache=True, inline="always")
-def row_tile_matmul(dequantize_row, raw, x, out):
+def row_tile_matmul(dequantize_row, raw, halves, x, out):
     rows = raw.shape[0]
     n, k = x.shape
     for g in prange((rows + ROW_TILE - 1) // ROW_TILE):
@@ -44,7 +58,7 @@ def row_tile_matmul(dequantize_row, raw, x, out):
         last = min(ROW_TILE, rows - r0) - 1
         w = np.empty((ROW_TILE, k), np.float32)
         for i in range(last + 1):
-            dequantize_row(raw[r0 + i], w[i])
+            dequantize_row(raw[r0 + i], halves, w[i])
         for i in range(0, last + 1, 4):
             i1, i2, i3 = min(i + 1, last), min(i + 2, last), min(i + 3, last)
             w0, w1, w2, w3 = w[i], w[i1], w[i2], w[i3]

@@ -9,9 +9,10 @@ from gguf import GGMLQuantizationType
 from numba import njit
 
 from .block_matmul import Fused, block_matmul, parts_of
-from .kquant_common import QK_K, SUM_GROUP, f16_at
+from .floatbits import read_half
+from .kquant_common import QK_K, SUM_GROUP
 from .kquant_dot import GROUPS, Field, Layout, super_block_dot
-from .matmul import each_row, row_tile_matmul
+from .matmul import each_row, row_tile_matmul, with_halves
 from .registry import QuantType, register
 
 TYPE_SIZE = 110
@@ -28,12 +29,12 @@ def scale_q3k(w, o, j):
 
 # raw: [nb*110] uint8 (one row) -> out: [nb*256] float32
 @njit(cache=True)
-def dequantize_row(raw, out):
+def dequantize_row(raw, halves, out):
     nb = raw.shape[0] // TYPE_SIZE
     for b in range(nb):
         blk = raw[b * TYPE_SIZE : (b + 1) * TYPE_SIZE]
         o = out[b * QK_K : (b + 1) * QK_K]
-        d = f16_at(blk, 108)
+        d = read_half(halves, blk, 108)
         for j in range(16):
             dl = d * np.float32(scale_q3k(blk, 0, j))
             q0 = 32 + 32 * (j >> 3) + 16 * (j & 1)
@@ -49,14 +50,14 @@ def dequantize_row(raw, out):
 
 # raw: [rows, nb*110] -> out: [rows, nb*256]
 @njit(parallel=True, cache=True)
-def dequantize_rows(raw, out):
-    each_row(dequantize_row, raw, out)
+def dequantize_rows(raw, halves, out):
+    each_row(dequantize_row, raw, halves, out)
 
 
 # raw: [out, nb*110], x: [n, in] -> out: [n, out]
 @njit(parallel=True, cache=True, fastmath=True)
-def matmul_rows(raw, x, out):
-    row_tile_matmul(dequantize_row, raw, x, out)
+def matmul_rows(raw, halves, x, out):
+    row_tile_matmul(dequantize_row, raw, halves, x, out)
 
 
 # group g = 4h + s: bits 2s..2s+1 of qs byte 32h + l, and hmask bit g of byte l as bit 2 (set:
@@ -93,11 +94,11 @@ register(
         qtype=GGMLQuantizationType.Q3_K,
         block_size=QK_K,
         type_size=TYPE_SIZE,
-        dequantize_rows=dequantize_rows,
+        dequantize_rows=with_halves(dequantize_rows),
         matmul_small=Fused(matmul_fused),
         repack=parts_of,
         # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
         small_n_max=24,
-        matmul_rows=matmul_rows,
+        matmul_rows=with_halves(matmul_rows),
     )
 )

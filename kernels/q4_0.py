@@ -8,21 +8,14 @@ from gguf import GGMLQuantizationType
 from numba import njit
 
 from .block_matmul import Fused, block_matmul, parts_of
-from .floatbits import half_to_float, read_half
-from .kquant_common import f16_at
-from .matmul import each_row, row_tile_matmul
+from .floatbits import read_half
+from .matmul import each_row, row_tile_matmul, with_halves
 from .registry import QuantType, register
 from .simd import dot_u4
 
 BLOCK, TYPE_SIZE = 32, 18
-i32, u32, f32 = np.int32, np.uint32, np.float32
+i32, f32 = np.int32, np.float32
 SIXTEENTH = f32(1.0 / 16)  # a nibble's weight in the high half of its byte
-
-
-# w3: [rows, nb, block bytes], r, b, o -> the float16 at byte o of block b of row r, as float32
-@njit(cache=True, inline="always")
-def half_at(w3, r, b, o):
-    return half_to_float(u32(w3[r, b, o]) | u32(w3[r, b, o + 1]) << u32(8))
 
 
 # raw: [nb * 18] (one row) -> out: [nb * 32]
@@ -31,13 +24,13 @@ def half_at(w3, r, b, o):
 # bit-identical to d * (q - 8) (both products round the same real number; d / 16 is exact for
 # any float16 d), without the 64-bit shift-and-pack LLVM emits for Numba's `v >> 4`.
 @njit(cache=True)
-def dequantize_row(raw, out):
+def dequantize_row(raw, halves, out):
     nb = raw.shape[0] // TYPE_SIZE
     half = out.shape[0] // nb // 2  # runtime count: a constant 16 gets fully unrolled, scalar
     for b in range(nb):
         i = b * TYPE_SIZE
         o = b * BLOCK
-        d = f16_at(raw, i)
+        d = read_half(halves, raw, i)
         d16 = d * SIXTEENTH
         for j in range(half):
             v = i32(raw[i + 2 + j])
@@ -47,14 +40,14 @@ def dequantize_row(raw, out):
 
 # raw: [rows, nb * 18] -> out: [rows, nb * 32]
 @njit(parallel=True, cache=True)
-def dequantize_rows(raw, out):
-    each_row(dequantize_row, raw, out)
+def dequantize_rows(raw, halves, out):
+    each_row(dequantize_row, raw, halves, out)
 
 
 # raw: [out, nb * 18], x: [n, in] -> out: [n, out]
 @njit(parallel=True, cache=True, fastmath=True)
-def matmul_rows(raw, x, out):
-    row_tile_matmul(dequantize_row, raw, x, out)
+def matmul_rows(raw, halves, x, out):
+    row_tile_matmul(dequantize_row, raw, halves, x, out)
 
 
 # acc: [LANES], w: one row's bytes, off: block b's offset in w, xr: [in] int8, xsr: [nb] sums
@@ -77,11 +70,11 @@ UNIT = register(
         qtype=GGMLQuantizationType.Q4_0,
         block_size=BLOCK,
         type_size=TYPE_SIZE,
-        dequantize_rows=dequantize_rows,
+        dequantize_rows=with_halves(dequantize_rows),
         matmul_small=Fused(matmul_fused),
         repack=parts_of,
         # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
         small_n_max=7,
-        matmul_rows=matmul_rows,
+        matmul_rows=with_halves(matmul_rows),
     )
 )

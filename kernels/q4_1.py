@@ -9,8 +9,7 @@ from numba import njit
 
 from .block_matmul import Fused, block_matmul, parts_of
 from .floatbits import read_half
-from .kquant_common import f16_at
-from .matmul import each_row, row_tile_matmul
+from .matmul import each_row, row_tile_matmul, with_halves
 from .q4_0 import SIXTEENTH
 from .registry import QuantType, register
 from .simd import dot_u4
@@ -26,14 +25,14 @@ ZERO = i32(0)  # no offset in the integers: the min is a float term
 # bit-identical to d * q (both products round the same real number; d / 16 is exact for any
 # float16 d) and saves the 64-bit shift-and-pack LLVM emits for Numba's `v >> 4`.
 @njit(cache=True)
-def dequantize_row(raw, out):
+def dequantize_row(raw, halves, out):
     nb = raw.shape[0] // TYPE_SIZE
     half = out.shape[0] // nb // 2  # runtime count: a constant 16 gets fully unrolled, scalar
     for b in range(nb):
         i = b * TYPE_SIZE
         o = b * BLOCK
-        d = f16_at(raw, i)
-        m = f16_at(raw, i + 2)
+        d = read_half(halves, raw, i)
+        m = read_half(halves, raw, i + 2)
         d16 = d * SIXTEENTH
         for j in range(half):
             v = i32(raw[i + 4 + j])
@@ -43,14 +42,14 @@ def dequantize_row(raw, out):
 
 # raw: [rows, nb * 20] -> out: [rows, nb * 32]
 @njit(parallel=True, cache=True)
-def dequantize_rows(raw, out):
-    each_row(dequantize_row, raw, out)
+def dequantize_rows(raw, halves, out):
+    each_row(dequantize_row, raw, halves, out)
 
 
 # raw: [out, nb * 20], x: [n, in] -> out: [n, out]
 @njit(parallel=True, cache=True, fastmath=True)
-def matmul_rows(raw, x, out):
-    row_tile_matmul(dequantize_row, raw, x, out)
+def matmul_rows(raw, halves, x, out):
+    row_tile_matmul(dequantize_row, raw, halves, x, out)
 
 
 # acc: [LANES], w: one row's bytes, off: block b's offset in w, xr: [in] int8, xsr: [nb] sums of
@@ -73,11 +72,11 @@ UNIT = register(
         qtype=GGMLQuantizationType.Q4_1,
         block_size=BLOCK,
         type_size=TYPE_SIZE,
-        dequantize_rows=dequantize_rows,
+        dequantize_rows=with_halves(dequantize_rows),
         matmul_small=Fused(matmul_fused),
         repack=parts_of,
         # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
         small_n_max=7,
-        matmul_rows=matmul_rows,
+        matmul_rows=with_halves(matmul_rows),
     )
 )

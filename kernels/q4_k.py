@@ -9,9 +9,10 @@ from gguf import GGMLQuantizationType
 from numba import njit
 
 from .block_matmul import Fused, block_matmul, parts_of
-from .kquant_common import I32, QK_K, SUM_GROUP, f16_at, scale_min_k4
+from .floatbits import read_half
+from .kquant_common import I32, QK_K, SUM_GROUP, scale_min_k4
 from .kquant_dot import GROUPS, Field, Layout, super_block_dot
-from .matmul import each_row, row_tile_matmul
+from .matmul import each_row, row_tile_matmul, with_halves
 from .registry import QuantType, register
 
 TYPE_SIZE = 144
@@ -23,13 +24,13 @@ SIXTEENTH = np.float32(1.0 / 16)  # a nibble's weight in the high half of its by
 # Flat indexing and int32 bytes, the high nibble taken in place against dl / 16: see Q4_0's
 # dequantize_row (dl1 / 16 is exact, so the products are bit-identical to dl1 * q).
 @njit(cache=True)
-def dequantize_row(raw, out):
+def dequantize_row(raw, halves, out):
     nb = raw.shape[0] // TYPE_SIZE
     sub_len = out.shape[0] // nb // 8  # runtime count: a constant 32 gets unrolled, scalar
     for b in range(nb):
         i = b * TYPE_SIZE
-        d = f16_at(raw, i)
-        dmin = f16_at(raw, i + 2)
+        d = read_half(halves, raw, i)
+        dmin = read_half(halves, raw, i + 2)
         for c in range(4):  # 32 bytes: sub-block 2c in the low nibbles, 2c + 1 in the high
             sc0, m0 = scale_min_k4(raw, i + 4, 2 * c)
             sc1, m1 = scale_min_k4(raw, i + 4, 2 * c + 1)
@@ -45,14 +46,14 @@ def dequantize_row(raw, out):
 
 # raw: [rows, nb*144] -> out: [rows, nb*256]
 @njit(parallel=True, cache=True)
-def dequantize_rows(raw, out):
-    each_row(dequantize_row, raw, out)
+def dequantize_rows(raw, halves, out):
+    each_row(dequantize_row, raw, halves, out)
 
 
 # raw: [out, nb*144], x: [n, in] -> out: [n, out]
 @njit(parallel=True, cache=True, fastmath=True)
-def matmul_rows(raw, x, out):
-    row_tile_matmul(dequantize_row, raw, x, out)
+def matmul_rows(raw, halves, x, out):
+    row_tile_matmul(dequantize_row, raw, halves, x, out)
 
 
 # sub-block j (32 weights): the low nibbles (j even) or high nibbles of qs bytes 32 * (j // 2)..
@@ -86,11 +87,11 @@ register(
         qtype=GGMLQuantizationType.Q4_K,
         block_size=QK_K,
         type_size=TYPE_SIZE,
-        dequantize_rows=dequantize_rows,
+        dequantize_rows=with_halves(dequantize_rows),
         matmul_small=Fused(matmul_fused),
         repack=parts_of,
         # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
         small_n_max=12,
-        matmul_rows=matmul_rows,
+        matmul_rows=with_halves(matmul_rows),
     )
 )

@@ -9,8 +9,7 @@ from numba import njit
 
 from .block_matmul import Fused, block_matmul, parts_of
 from .floatbits import read_half
-from .matmul import each_row, row_tile_matmul
-from .q4_0 import half_at
+from .matmul import each_row, row_tile_matmul, with_halves
 from .registry import QuantType, register
 from .simd import dot_u5
 
@@ -36,7 +35,7 @@ def fifth_bits(w3, r, b, o):
 
 # raw: [nb * 22] (one row) -> out: [nb * 32]
 @njit(cache=True)
-def dequantize_row(raw, out):
+def dequantize_row(raw, halves, out):
     nb = raw.shape[0] // TYPE_SIZE
     # one row as [1, nb, block bytes]: the block helpers shared with the fused kernel index (r, b)
     w3 = raw.reshape(1, nb, TYPE_SIZE)
@@ -44,7 +43,7 @@ def dequantize_row(raw, out):
     half = o3.shape[2] // 2  # runtime count: a constant 16 gets fully unrolled, scalar
     r = 0
     for b in range(nb):
-        d = half_at(w3, r, b, 0)
+        d = read_half(halves, raw, b * TYPE_SIZE)
         lo, hi = fifth_bits(w3, r, b, 2)
         for j in range(half):
             v = w3[r, b, 6 + j]
@@ -56,14 +55,14 @@ def dequantize_row(raw, out):
 
 # raw: [rows, nb * 22] -> out: [rows, nb * 32]
 @njit(parallel=True, cache=True)
-def dequantize_rows(raw, out):
-    each_row(dequantize_row, raw, out)
+def dequantize_rows(raw, halves, out):
+    each_row(dequantize_row, raw, halves, out)
 
 
 # raw: [out, nb * 22], x: [n, in] -> out: [n, out]
 @njit(parallel=True, cache=True, fastmath=True)
-def matmul_rows(raw, x, out):
-    row_tile_matmul(dequantize_row, raw, x, out)
+def matmul_rows(raw, halves, x, out):
+    row_tile_matmul(dequantize_row, raw, halves, x, out)
 
 
 # acc: [LANES], w: one row's bytes, off: block b's offset in w, xr: [in] int8, xsr: [nb] sums
@@ -87,11 +86,11 @@ UNIT = register(
         qtype=GGMLQuantizationType.Q5_0,
         block_size=BLOCK,
         type_size=TYPE_SIZE,
-        dequantize_rows=dequantize_rows,
+        dequantize_rows=with_halves(dequantize_rows),
         matmul_small=Fused(matmul_fused),
         repack=parts_of,
         # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
         small_n_max=5,
-        matmul_rows=matmul_rows,
+        matmul_rows=with_halves(matmul_rows),
     )
 )

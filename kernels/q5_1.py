@@ -8,8 +8,8 @@ from gguf import GGMLQuantizationType
 from numba import njit
 
 from .block_matmul import Fused, block_matmul, parts_of
-from .floatbits import load_half, load_u32, read_half
-from .matmul import each_row, row_tile_matmul
+from .floatbits import load_u32, read_half
+from .matmul import each_row, row_tile_matmul, with_halves
 from .registry import QuantType, register
 from .simd import dot_u5
 
@@ -20,12 +20,12 @@ ZERO = np.int32(0)  # no offset in the integers: the min is a float term
 
 # raw: [nb * 24] (one row) -> out: [nb * 32]
 @njit(cache=True)
-def dequantize_row(raw, out):
+def dequantize_row(raw, halves, out):
     w = raw.reshape(1, raw.shape[0])  # the (row, offset) loaders shared with the fused kernel
     for b in range(raw.shape[0] // TYPE_SIZE):
         o = b * TYPE_SIZE
-        d = load_half(w, 0, o)
-        m = load_half(w, 0, o + 2)
+        d = read_half(halves, raw, o)
+        m = read_half(halves, raw, o + 2)
         qh = load_u32(w, 0, o + 4)
         for j in range(16):
             v = u32(raw[o + 8 + j])
@@ -37,14 +37,14 @@ def dequantize_row(raw, out):
 
 # raw: [rows, nb * 24] -> out: [rows, nb * 32]
 @njit(parallel=True, cache=True)
-def dequantize_rows(raw, out):
-    each_row(dequantize_row, raw, out)
+def dequantize_rows(raw, halves, out):
+    each_row(dequantize_row, raw, halves, out)
 
 
 # raw: [out, nb * 24], x: [n, in] -> out: [n, out]
 @njit(parallel=True, cache=True, fastmath=True)
-def matmul_rows(raw, x, out):
-    row_tile_matmul(dequantize_row, raw, x, out)
+def matmul_rows(raw, halves, x, out):
+    row_tile_matmul(dequantize_row, raw, halves, x, out)
 
 
 # acc: [LANES], w: one row's bytes, off: block b's offset in w, xr: [in] int8, xsr: [nb] sums of
@@ -67,11 +67,11 @@ UNIT = register(
         qtype=GGMLQuantizationType.Q5_1,
         block_size=BLOCK,
         type_size=TYPE_SIZE,
-        dequantize_rows=dequantize_rows,
+        dequantize_rows=with_halves(dequantize_rows),
         matmul_small=Fused(matmul_fused),
         repack=parts_of,
         # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
         small_n_max=5,
-        matmul_rows=matmul_rows,
+        matmul_rows=with_halves(matmul_rows),
     )
 )

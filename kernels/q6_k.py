@@ -10,9 +10,10 @@ from gguf import GGMLQuantizationType
 from numba import njit
 
 from .block_matmul import Fused, block_matmul, parts_of
-from .kquant_common import I32, QK_K, SUM_GROUP, f16_at
+from .floatbits import read_half
+from .kquant_common import I32, QK_K, SUM_GROUP
 from .kquant_dot import GROUPS, Field, Layout, super_block_dot
-from .matmul import each_row, row_tile_matmul
+from .matmul import each_row, row_tile_matmul, with_halves
 from .registry import QuantType, register
 
 TYPE_SIZE = 210
@@ -30,12 +31,12 @@ def i8(b):
 # Flat indexing and int32 bytes, 32 elements of each of 4 groups per step (per-block views and
 # 16-trip loops kept LLVM off its 8-lane loop: 1.7x slower).
 @njit(cache=True)
-def dequantize_row(raw, out):
+def dequantize_row(raw, halves, out):
     nb = raw.shape[0] // TYPE_SIZE
     n16 = out.shape[0] // nb // 16  # runtime count: a constant 16 gets unrolled, scalar
     for b in range(nb):
         i = b * TYPE_SIZE
-        d = f16_at(raw, i + 208)
+        d = read_half(halves, raw, i + 208)
         for h in range(2):  # 128-element halves: 4 groups of 32, each in two scale groups of 16
             ql = i + 64 * h
             qh = i + 128 + 32 * h
@@ -58,14 +59,14 @@ def dequantize_row(raw, out):
 
 # raw: [rows, nb*210] -> out: [rows, nb*256]
 @njit(parallel=True, cache=True)
-def dequantize_rows(raw, out):
-    each_row(dequantize_row, raw, out)
+def dequantize_rows(raw, halves, out):
+    each_row(dequantize_row, raw, halves, out)
 
 
 # raw: [out, nb*210], x: [n, in] -> out: [n, out]
 @njit(parallel=True, cache=True, fastmath=True)
-def matmul_rows(raw, x, out):
-    row_tile_matmul(dequantize_row, raw, x, out)
+def matmul_rows(raw, halves, x, out):
+    row_tile_matmul(dequantize_row, raw, halves, x, out)
 
 
 # group g = 4h + s: elements 128h + 32s + l (low 4 bits in ql, 2 high bits in qh; see above),
@@ -106,11 +107,11 @@ register(
         qtype=GGMLQuantizationType.Q6_K,
         block_size=QK_K,
         type_size=TYPE_SIZE,
-        dequantize_rows=dequantize_rows,
+        dequantize_rows=with_halves(dequantize_rows),
         matmul_small=Fused(matmul_fused),
         repack=parts_of,
         # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
         small_n_max=12,
-        matmul_rows=matmul_rows,
+        matmul_rows=with_halves(matmul_rows),
     )
 )

@@ -6,8 +6,7 @@ from numba import njit
 
 from .block_matmul import Fused, block_matmul, parts_of
 from .floatbits import read_half
-from .kquant_common import f16_at
-from .matmul import each_row, row_tile_matmul
+from .matmul import each_row, row_tile_matmul, with_halves
 from .registry import QuantType, register
 from .simd import dot_i8
 
@@ -18,28 +17,28 @@ f32 = np.float32
 # raw: [nb * 34] (one row) -> out: [nb * 32]
 # Flat indexing: per-block views ([1, nb, 34] reshapes) kept LLVM off its 8-lane loop.
 @njit(cache=True)
-def dequantize_row(raw, out):
+def dequantize_row(raw, halves, out):
     nb = raw.shape[0] // TYPE_SIZE
     q = raw.view(np.int8)
     bs = out.shape[0] // nb  # runtime count: a constant 32 gets fully unrolled and stays scalar
     for b in range(nb):
         i = b * TYPE_SIZE
         o = b * BLOCK
-        d = f16_at(raw, i)
+        d = read_half(halves, raw, i)
         for j in range(bs):
             out[o + j] = f32(q[i + 2 + j]) * d
 
 
 # raw: [rows, nb * 34] -> out: [rows, nb * 32]
 @njit(parallel=True, cache=True)
-def dequantize_rows(raw, out):
-    each_row(dequantize_row, raw, out)
+def dequantize_rows(raw, halves, out):
+    each_row(dequantize_row, raw, halves, out)
 
 
 # raw: [out, nb * 34], x: [n, in] -> out: [n, out]
 @njit(parallel=True, cache=True, fastmath=True)
-def matmul_rows(raw, x, out):
-    row_tile_matmul(dequantize_row, raw, x, out)
+def matmul_rows(raw, halves, x, out):
+    row_tile_matmul(dequantize_row, raw, halves, x, out)
 
 
 # acc: [LANES], w: one row's bytes, off: block b's offset in w, xr: [in] int8 -> adds
@@ -61,12 +60,12 @@ UNIT = register(
         qtype=GGMLQuantizationType.Q8_0,
         block_size=BLOCK,
         type_size=TYPE_SIZE,
-        dequantize_rows=dequantize_rows,
+        dequantize_rows=with_halves(dequantize_rows),
         matmul_small=Fused(matmul_fused),
         repack=parts_of,
         # still 1.1-1.3x faster than matmul_rows at n = 12 to 48 (CPU time, 1 thread,
         # [1024, 4096] weight)
         small_n_max=32,
-        matmul_rows=matmul_rows,
+        matmul_rows=with_halves(matmul_rows),
     )
 )

@@ -24,10 +24,12 @@ Unit interface (what a unit module provides):
   block written by the unit).
 - `small_n_max`: largest n routed to `matmul_small` (matmul_small None: no fused kernel).
   Set it from measurement: the n where `matmul_rows` becomes faster.
-- `dequantize_row(raw, out)`: serial `@njit(cache=True)`, raw: uint8[row_bytes] (one row),
-  out: float32[cols] -> None, bit-exact like `dequantize_rows`. Units build `dequantize_rows` and
-  `matmul_rows` on it with `kernels.matmul.each_row` / `row_tile_matmul` (inlined into a
-  `@njit(parallel=True, cache=True)` function of their own, so Numba's disk cache keys it).
+- `dequantize_row(raw, halves, out)`: serial `@njit(cache=True)`, raw: uint8[row_bytes] (one
+  row), halves: `floatbits.HALF_TABLE` (for float16 scales), out: float32[cols] -> None, bit-exact
+  like `dequantize_rows`. Units build `dequantize_rows` and `matmul_rows` on it with
+  `kernels.matmul.each_row` / `row_tile_matmul`, inlined into `@njit(parallel=True, cache=True)`
+  functions of their own (so Numba's disk cache keys them) that take the table after `raw`;
+  `kernels.matmul.with_halves` passes it and gives them the signatures below.
 - `matmul_rows(raw, x, out)`: mid-n matmul on the raw bytes (raw: uint8[out, row_bytes],
   x: float32[n, in] (C), out: float32[n, out] (C) -> None), for small_n_max < n <= `rows_n_max`;
   larger n go to the generic path in `kernels/matmul.py` (dequantize cache-sized row tiles with
