@@ -8,7 +8,7 @@ timer; per kind it reports calls per step and milliseconds per step. Matmuls are
 per projection (qkv, o, gate_up, down, head — the `kernels.matmul` call, its Python wrapper
 included) and inside the type's compiled kernel alone. "python" is the step time minus
 compiled-kernel time: everything the interpreter does between kernels (the goal is <= 10 %),
-given as two bounds (see `profile_decode`).
+given as two estimates (see `profile_decode`).
 """
 
 from __future__ import annotations
@@ -148,10 +148,11 @@ def profile_decode(runner: ModelRunner, steps: int = 64, prompt_len: int = 128, 
     timer overhead subtracted), kernel_ms (compiled kernels per step), python_ms, python_share;
     python_ms_plain, python_share_plain: the plain step minus kernel_ms.
 
-    The two Python figures bracket the truth. A timer costs more inside a step (its code and
-    data cold after the weights streamed through the caches) than the warm cost subtracted, so
-    python_ms keeps some timer cost; kernel_ms keeps the part of a timer's cost inside its own
-    window, so python_ms_plain misses it.
+    Two estimates of the same thing, which bracket it on a quiet machine: a timer costs more
+    inside a step (its code and data cold after the weights streamed through the caches) than
+    the warm cost subtracted, so python_ms keeps some timer cost; kernel_ms keeps the part of a
+    timer's cost inside its own window, so python_ms_plain misses it. (On a noisy machine the
+    plain and the instrumented runs can also land in different spells.)
     """
     rng = np.random.default_rng(seed)
     vocab = runner.config.vocab_size
