@@ -1,5 +1,5 @@
-"""What the K-quant units (Q2_K ... Q6_K) share: 256-weight super-blocks, f16 block scales read
-from the raw bytes, and the 6-bit scale/min packing of Q4_K/Q5_K.
+"""What the K-quant units (Q2_K ... Q6_K) share: 256-weight super-blocks, and the 6-bit
+scale/min packing of Q4_K/Q5_K.
 
 Scales stay in the file's bytes (no repack; extra_nbytes is block_matmul's 16-byte part table):
 unpacking them costs a few integer operations per 256 weights, little next to the weights' own

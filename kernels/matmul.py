@@ -21,10 +21,10 @@ ROW_TILE = 8
 
 
 # dequantize_row: a unit's serial (raw u8[row_bytes], halves, out f32[in]) -> None, halves:
-# floatbits.HALF_TABLE (a legacy block's float16 scales read through it: one load instead of a
-# dozen bit operations, for each 32 weights); raw: [rows, row_bytes] -> out: [rows, in]. Inlined
-# into each unit's own kernel: a jitted function passed as an argument would key Numba's disk
-# cache on its address, missing on every start.
+# floatbits.HALF_TABLE (the blocks' float16 scales read through it: one load instead of a dozen
+# bit operations, each 32 weights for the legacy types); raw: [rows, row_bytes] -> out:
+# [rows, in]. Inlined into each unit's own kernel: a jitted function passed as an argument
+# would key Numba's disk cache on its address, missing on every start.
 @njit(cache=True, inline="always")
 def each_row(dequantize_row, raw, halves, out):
     for r in prange(raw.shape[0]):
@@ -90,14 +90,19 @@ def row_tile_matmul(dequantize_row, raw, halves, x, out):
 BLAS_ROW_BLOCK = 64
 
 
+def _fits(x: np.ndarray, cols: int) -> bool:
+    """Can a compiled kernel take x as it is: float32[n, cols], C-contiguous."""
+    return x.dtype == np.float32 and x.ndim == 2 and x.shape[1] == cols and x.flags.c_contiguous
+
+
 def _check_x(x: np.ndarray, w: QuantWeight) -> np.ndarray:
+    if _fits(x, w.shape[1]):
+        return x
     if x.ndim != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(
             f"x of shape {x.shape} does not match weight {w.shape} (want [n, {w.shape[1]}])"
         )
-    if x.dtype != np.float32 or not x.flags.c_contiguous:
-        x = np.ascontiguousarray(x, dtype=np.float32)
-    return x
+    return np.ascontiguousarray(x, dtype=np.float32)
 
 
 def matmul_tiled(
@@ -145,16 +150,19 @@ def matmul(x: np.ndarray, w: QuantWeight, blas_layout: np.ndarray | None = None)
     if w.unit.matmul_small is None and w.unit.matmul_rows is None:
         return _tiled(x, w)
     n = x.shape[0]
+    if len(blas_layout) != n:
+        raise ValueError(f"blas_layout has {len(blas_layout)} rows for {n} rows of x")
     runs = _blas_runs(blas_layout)
     if not runs:  # a decode step: no row takes BLAS
         return _row_wise(x, w)
     # Rows move by runs (slice copies) and only the gaps are zeroed: masks and fancy indexing
     # over a whole 512-row step cost a quarter of its BLAS time.
-    padded = np.empty(
-        (-(-(runs[-1][1] + runs[-1][2]) // BLAS_ROW_BLOCK) * BLAS_ROW_BLOCK, x.shape[1]), np.float32
-    )
+    last = max(p + k for _, p, k in runs)
+    padded = np.empty((-(-last // BLAS_ROW_BLOCK) * BLAS_ROW_BLOCK, x.shape[1]), np.float32)
     end = 0
     for i, p, k in runs:
+        if p < end:
+            raise ValueError("blas_layout places two rows in one row of the padded input")
         padded[end:p] = 0
         padded[p : p + k] = x[i : i + k]
         end = p + k
@@ -199,7 +207,7 @@ def bind_stacked(parts: list[QuantWeight], packed: tuple) -> Callable[[np.ndarra
     kernel = first.unit.bind_small(packed)
 
     def call(x: np.ndarray) -> np.ndarray:
-        if x.dtype != np.float32 or x.ndim != 2 or x.shape[1] != cols or not x.flags.c_contiguous:
+        if not _fits(x, cols):
             x = _check_x(x, first)
         threads.apply()
         out = np.empty((x.shape[0], out_cols), np.float32)

@@ -37,7 +37,7 @@ def fifth_bits(w3, r, b, o):
 @njit(cache=True)
 def dequantize_row(raw, halves, out):
     nb = raw.shape[0] // TYPE_SIZE
-    # one row as [1, nb, block bytes]: the block helpers shared with the fused kernel index (r, b)
+    # one row as [1, nb, block bytes], indexed (r, b) as fifth_bits takes it
     w3 = raw.reshape(1, nb, TYPE_SIZE)
     o3 = out.reshape(1, nb, BLOCK)
     half = o3.shape[2] // 2  # runtime count: a constant 16 gets fully unrolled, scalar

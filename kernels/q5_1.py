@@ -21,7 +21,7 @@ ZERO = np.int32(0)  # no offset in the integers: the min is a float term
 # raw: [nb * 24] (one row) -> out: [nb * 32]
 @njit(cache=True)
 def dequantize_row(raw, halves, out):
-    w = raw.reshape(1, raw.shape[0])  # the (row, offset) loaders shared with the fused kernel
+    w = raw.reshape(1, raw.shape[0])  # as load_u32 takes it: (row, offset)
     for b in range(raw.shape[0] // TYPE_SIZE):
         o = b * TYPE_SIZE
         d = read_half(halves, raw, o)

@@ -8,8 +8,9 @@ name here.
 Unit interface (what a unit module provides):
 
 - `block_size`, `type_size`: elements and bytes per block (`gguf.GGML_QUANT_SIZES`).
-- `dequantize_rows(raw, out)`: `@njit(parallel=True, cache=True)` (or plain numpy for floats);
-  raw: uint8[rows, row_bytes] (C-contiguous), out: float32[rows, cols] -> None.
+- `dequantize_rows(raw, out)`: a `@njit(parallel=True, cache=True)` kernel (through
+  `kernels.matmul.with_halves`; plain numpy for F32); raw: uint8[rows, row_bytes]
+  (C-contiguous), out: float32[rows, cols] -> None.
   Bit-exact with `gguf.quants.dequantize`: compute exactly its float32 expression (no fastmath,
   no FMA contraction). The generic large-n matmul and `embedding` are built on it.
 - `repack(raw) -> tuple[np.ndarray, ...]`: load-time layout for the small-n kernel, called once per
@@ -21,7 +22,8 @@ Unit interface (what a unit module provides):
   Multi-threaded with prange (the caller has applied the `kernels.threads` knob); BLAS-backed
   work is split with `kernels.threads.run_split` (BLAS itself runs single-threaded).
   The quantized units build it on `kernels.block_matmul` (int8 activations, one dot product per
-  block written by the unit).
+  block written by the unit), as a `block_matmul.Fused`, whose `bind(packed)` gives
+  `bind_small` the compiled kernel with the weight's arguments bound.
 - `small_n_max`: largest n routed to `matmul_small` (matmul_small None: no fused kernel).
   Set it from measurement: the n where `matmul_rows` becomes faster.
 - `dequantize_row(raw, halves, out)`: serial `@njit(cache=True)`, raw: uint8[row_bytes] (one

@@ -36,9 +36,9 @@ class Batch:
     token_ids, positions: int32[n]; seq_rows: int32[n], each token's row of block_tables;
     slots: int64[n], where each token's K/V go (block * block_size + offset);
     block_tables: int32[n_seqs, max_blocks]; logit_rows: int64[m], the tokens whose logits are
-    wanted (None: all n); blas_layout: int64[n], where each token's row goes in the BLAS path's
-    input, -1 for the fused kernels (None: the path is chosen by the batch size), see
-    kernels.matmul.
+    wanted, strictly increasing (None: all n; m = n is all n too); blas_layout: int64[n], where
+    each token's row goes in the BLAS path's input, -1 for the fused kernels (None: the path is
+    chosen by the batch size), see kernels.matmul.
     """
 
     token_ids: np.ndarray
@@ -66,7 +66,7 @@ class Linear:
         unit = parts[0].unit
         self.small_packed = self.stacked if len(parts) > 1 else parts[0].packed
         fused = unit.matmul_small is not None and self.small_packed is not None
-        self._small_n_max = unit.small_n_max if fused else 0
+        self._small_n_max = unit.small_n_max if fused else -1
         self.small = kernels.bind_stacked(parts, self.small_packed) if fused else None
 
     def __call__(self, x: np.ndarray, blas_layout: np.ndarray | None = None) -> np.ndarray:

@@ -114,7 +114,7 @@ def test_stacked_weights_in_one_buffer_give_each_parts_own_rows(qtype):
     assert kernels.stack([parts[0], apart]) is None  # not in one buffer
 
 
-def test_a_blas_rows_bits_depend_only_on_its_offset_in_the_padded_input():
+def test_blas_rows_bits_depend_only_on_their_offset_in_the_padded_input():
     # kernels.matmul's engine path: a step mixes BLAS runs (prompt blocks of several sequences,
     # at their positions modulo BLAS_ROW_BLOCK) with row-wise rows (decode tokens, prompt tails)
     from edgeinfer.kernels.matmul import BLAS_ROW_BLOCK as B
@@ -124,11 +124,12 @@ def test_a_blas_rows_bits_depend_only_on_its_offset_in_the_padded_input():
     w = kernels.QuantWeight.from_raw(data, T.Q8_0, (96, 256))
     want = rng.standard_normal((7 + 2 * B + 40 + 3, 256)).astype(np.float32)
     x = want.copy()
-    # rows 0-6 row-wise, 7..7+2B-1 a run at padded 20.., 3 row-wise, then a run of 40 at 3B+5..
+    # rows 0-6 row-wise, 7..7+2B-1 a run at padded B+20.., 3 row-wise, then a run of 40 placed
+    # before the first one, at padded 5..
     layout = np.full(len(x), -1, np.int64)
-    layout[7 : 7 + 2 * B] = np.arange(20, 20 + 2 * B)
+    layout[7 : 7 + 2 * B] = np.arange(B + 20, 3 * B + 20)
     tail = 7 + 2 * B + 3
-    layout[tail : tail + 40] = np.arange(3 * B + 5, 3 * B + 45)
+    layout[tail : tail + 40] = np.arange(5, 45)
     got = kernels.matmul(x, w, layout)
     assert np.array_equal(x, want)  # the input is left as it was
     ref = x.astype(np.float64) @ gguf_dequantize(data, T.Q8_0).reshape(96, 256).T
@@ -143,6 +144,12 @@ def test_a_blas_rows_bits_depend_only_on_its_offset_in_the_padded_input():
     assert np.array_equal(got[tail : tail + 40], run)
     rows = np.flatnonzero(layout < 0)
     assert np.array_equal(got[rows], kernels.matmul(x[rows], w, np.full(len(rows), -1)))
+    with pytest.raises(ValueError, match="rows for"):
+        kernels.matmul(x, w, layout[:-1])
+    clash = layout.copy()
+    clash[tail] = B + 20  # a row of the first run's place
+    with pytest.raises(ValueError, match="two rows in one row"):
+        kernels.matmul(x, w, clash)
 
 
 def test_f32_rows_of_the_per_row_path_do_not_depend_on_the_batch():
