@@ -117,7 +117,8 @@ def matmul_tiled(
         if row_block is None
         else [slice(i, i + row_block) for i in range(0, x.shape[0], row_block)]
     )
-    tile = max(16, min(rows, TILE_BYTES // (4 * cols)))
+    # at least one tile per thread: run_split hands out whole tiles
+    tile = max(16, min(-(-rows // threads.get_threads()), TILE_BYTES // (4 * cols)))
     dequantize_rows = w.unit.dequantize_rows
 
     def tiles(lo: int, hi: int) -> None:
