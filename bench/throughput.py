@@ -176,7 +176,11 @@ def llama_cpp_serial(path: str, threads: int, reqs) -> list[dict]:
 
 
 def _spawn_llama(path: str, threads: int, reqs) -> list[dict]:
+    from edgeinfer.kernels import threads as knob
+
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    if knob.INHERITED_SPINCOUNT is None:  # llama.cpp with its own OpenMP defaults
+        env.pop("GOMP_SPINCOUNT", None)
     cmd = [sys.executable, __file__, "--worker", path, "--threads", str(threads)]
     r = subprocess.run(cmd, input=json.dumps(reqs), capture_output=True, text=True, env=env)
     if r.returncode != 0:

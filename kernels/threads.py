@@ -23,7 +23,9 @@ from threadpoolctl import threadpool_limits
 # work, whose second thread then shares that core. 100000 still covers the gaps between a decode
 # step's kernels; a 512-token prefill measured 1.4x faster (ad-hoc). libgomp reads it once, when
 # it is loaded: this must run before the first parallel kernel (or any other library using
-# libgomp, such as llama.cpp's) in the process, and a value the user set wins.
+# libgomp, such as llama.cpp's) in the process, and a value the user set wins. Child processes
+# inherit it: INHERITED_SPINCOUNT (None: unset) lets a benchmark start llama.cpp as it would run.
+INHERITED_SPINCOUNT = os.environ.get("GOMP_SPINCOUNT")
 os.environ.setdefault("GOMP_SPINCOUNT", "100000")
 
 _threads: int | None = None
