@@ -90,19 +90,14 @@ def row_tile_matmul(dequantize_row, raw, halves, x, out):
 BLAS_ROW_BLOCK = 64
 
 
-def _fits(x: np.ndarray, cols: int) -> bool:
-    """Can a compiled kernel take x as it is: float32[n, cols], C-contiguous."""
-    return x.dtype == np.float32 and x.ndim == 2 and x.shape[1] == cols and x.flags.c_contiguous
-
-
 def _check_x(x: np.ndarray, w: QuantWeight) -> np.ndarray:
-    if _fits(x, w.shape[1]):
-        return x
     if x.ndim != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(
             f"x of shape {x.shape} does not match weight {w.shape} (want [n, {w.shape[1]}])"
         )
-    return np.ascontiguousarray(x, dtype=np.float32)
+    if x.dtype != np.float32 or not x.flags.c_contiguous:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+    return x
 
 
 def matmul_tiled(
@@ -203,13 +198,11 @@ def bind_stacked(parts: list[QuantWeight], packed: tuple) -> Callable[[np.ndarra
     calls per layer, and the Python around a small call costs a tenth of it.
     """
     first = parts[0]
-    cols = first.shape[1]
     out_cols = sum(p.shape[0] for p in parts)
     kernel = first.unit.bind_small(packed)
 
     def call(x: np.ndarray) -> np.ndarray:
-        if not _fits(x, cols):
-            x = _check_x(x, first)
+        x = _check_x(x, first)
         threads.apply()
         out = np.empty((x.shape[0], out_cols), np.float32)
         kernel(x, out)

@@ -57,14 +57,12 @@ class Linear:
         self.parts = parts
         self.bias = bias
         self.shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
-        # decode: parts of one type that the file does not store back to back (Q, K, V) still
-        # share one kernel launch
-        self.stacked = kernels.stack(parts)
-        # Decode-sized calls go straight to the fused kernel, one weight or stacked parts alike:
-        # a step makes about four per layer, and the general path's dispatch by n costs a third
-        # of a small call.
+        # Decode-sized calls go straight to the fused kernel, one weight or stacked parts alike
+        # (parts of one type that the file does not store back to back, Q, K, V, still share
+        # one kernel launch): a step makes about four per layer, and the general path's dispatch
+        # by n costs a third of a small call.
         unit = parts[0].unit
-        self.small_packed = self.stacked if len(parts) > 1 else parts[0].packed
+        self.small_packed = kernels.stack(parts) if len(parts) > 1 else parts[0].packed
         fused = unit.matmul_small is not None and self.small_packed is not None
         self._small_n_max = unit.small_n_max if fused else -1
         self.small = kernels.bind_stacked(parts, self.small_packed) if fused else None
