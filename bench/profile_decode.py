@@ -78,10 +78,10 @@ def _instrumented(runner: ModelRunner, clock: _Clock):
     linears = [lin for lin in all_linears if lin.small is not None]
     saved_small = [lin.small for lin in linears]
 
-    def linear_call(self, x, blas_layout=None):
+    def linear_call(self, x, row_wise=False):
         t0 = time.perf_counter()
         try:
-            return saved_call(self, x, blas_layout)
+            return saved_call(self, x, row_wise)
         finally:
             kind = f"matmul {roles.get(id(self), 'other')}"
             clock.seconds[kind] += time.perf_counter() - t0

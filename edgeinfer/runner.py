@@ -18,7 +18,6 @@ from edgeinfer import kernels
 from edgeinfer.block_manager import KVCacheFullError
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.gguf_reader import read_gguf
-from edgeinfer.kernels.matmul import BLAS_ROW_BLOCK
 from edgeinfer.kv_cache import BLOCK_SIZE, KV_DTYPES, KVCache
 from edgeinfer.memory_plan import (
     DEFAULT_CTX,
@@ -172,35 +171,18 @@ class ModelRunner:
         return self._run(self._check_batch(requests), all_logits)
 
     def execute(
-        self, work: Sequence[tuple[int, Sequence[int], bool, int]], by_size: bool = False
+        self, work: Sequence[tuple[int, Sequence[int], bool]], by_size: bool = False
     ) -> list[np.ndarray | None]:
-        """One engine step, one forward pass: [(seq_id, token_ids, wants_logits, blas_rows), ...]
-        (each seq_id once; the first blas_rows of an entry's tokens take the dequantize + BLAS
-        matmul path, the others the row-by-row kernels, so a sequence gets the same bits
+        """One engine step, one forward pass: [(seq_id, token_ids, wants_logits), ...] (each
+        seq_id once; every row takes the row-wise kernels, so a sequence gets the same bits
         whatever it is batched with) -> per entry float32[vocab], the logits after its last
         token, or None (a prompt chunk that does not end the prompt needs no logits and gets no
         head pass). by_size: instead take the fastest kernels for the batch size (at one row,
         the int8 fused kernel)."""
-        checked = self._check_batch([(s, ids) for s, ids, _, _ in work])
-        wanted = [w for _, _, w, _ in work]
-        layout = None
-        if not by_size:
-            layout = self._blas_layout([(s, len(ids), b) for s, ids, _, b in work])
-        rows = iter(self._run(checked, all_logits=False, wanted=wanted, blas_layout=layout))
+        checked = self._check_batch([(s, ids) for s, ids, _ in work])
+        wanted = [w for _, _, w in work]
+        rows = iter(self._run(checked, all_logits=False, wanted=wanted, row_wise=not by_size))
         return [next(rows)[0] if w else None for w in wanted]
-
-    def _blas_layout(self, entries: list[tuple[int, int, int]]) -> np.ndarray:
-        """[(seq_id, tokens, blas_rows)] -> int64[total tokens]: each BLAS row's place in the
-        padded BLAS input, chosen so that a token at position p sits at p mod BLAS_ROW_BLOCK,
-        as it would in any other batch; -1 for rows of the fused kernels."""
-        layout, end = [], 0
-        for seq_id, n, b in entries:
-            p = self.seq_len(seq_id)
-            start = end + (p - end) % BLAS_ROW_BLOCK
-            layout.append(np.arange(start, start + b))
-            layout.append(np.full(n - b, -1))
-            end = start + b if b else end
-        return np.concatenate(layout).astype(np.int64)
 
     def _check_batch(self, requests) -> list[tuple[int, np.ndarray]]:
         seen = set()
@@ -235,7 +217,7 @@ class ModelRunner:
         requests: list[tuple[int, np.ndarray]],
         all_logits: bool,
         wanted: list[bool] | None = None,
-        blas_layout: np.ndarray | None = None,
+        row_wise: bool = False,
     ) -> list[np.ndarray]:
         """-> logits per request: all positions, or the last position of every (wanted)
         request."""
@@ -263,7 +245,7 @@ class ModelRunner:
             slots=np.array(slots, np.int64),
             block_tables=self.kv.block_tables([s for s, _ in requests]),
             logit_rows=None if all_logits else np.array(last_rows, np.int64),
-            blas_layout=blas_layout,
+            row_wise=row_wise,
         )
         logits = self.model.forward(batch, self.kv.k, self.kv.v)
         if all_logits:

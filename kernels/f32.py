@@ -1,15 +1,30 @@
-"""F32: plain float32 weights; BLAS reads them straight from the file bytes."""
+"""F32: plain float32 weights; BLAS reads them straight from the file bytes (the row-tile
+kernel, which computes each row on its own, serves the batch-invariant path)."""
 
 import numpy as np
 from gguf import GGMLQuantizationType
+from numba import njit
 
 from . import threads
+from .matmul import row_tile_matmul, with_halves
 from .registry import QuantType, register
 
 
 def dequantize_rows(raw, out):
     # raw: [rows, cols * 4] -> out: [rows, cols]
     out[...] = raw.view(np.float32)
+
+
+# raw: [cols * 4] (one row) -> out: [cols]
+@njit(cache=True)
+def dequantize_row(raw, halves, out):
+    out[:] = raw.view(np.float32)
+
+
+# raw: [out, cols * 4], x: [n, in] -> out: [n, out]
+@njit(parallel=True, cache=True, fastmath=True)
+def matmul_rows(raw, halves, x, out):
+    row_tile_matmul(dequantize_row, raw, halves, x, out)
 
 
 def repack(raw):
@@ -35,5 +50,6 @@ UNIT = register(
         matmul_small=matmul_small,
         repack=repack,
         small_n_max=1 << 62,
+        matmul_rows=with_halves(matmul_rows),
     )
 )

@@ -1,5 +1,6 @@
 """y = x · Wᵀ for any GGML type: fused int8 kernels for the smallest n, row-tile kernels (built
-here from the units' row dequantizers) for batched decode, dequantized tiles + BLAS for large n."""
+here from the units' row dequantizers) for batched decode and for every row of the row-wise
+(batch-invariant) path, dequantized tiles + BLAS for large n."""
 
 from collections.abc import Callable
 
@@ -7,6 +8,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import threads
+from .block_matmul import Fused
 from .floatbits import HALF_TABLE
 from .weight import QuantWeight
 
@@ -82,14 +84,6 @@ def row_tile_matmul(dequantize_row, raw, halves, x, out):
                 out[t1, r0 + i2], out[t1, r0 + i3] = b2, b3
 
 
-# Rows per BLAS call when the rows' bits must not depend on the batch (see `matmul`): OpenBLAS
-# rounds a row differently depending on its position in the call and on the call's size. 64
-# keeps 83 % of one big call's speed (32: 72 %, 128: 92 %, measured at [512, 576] x [576, 1536]);
-# the engine sends only whole blocks of a prompt here, so larger blocks leave longer tails to
-# the row-wise kernels.
-BLAS_ROW_BLOCK = 64
-
-
 def _check_x(x: np.ndarray, w: QuantWeight) -> np.ndarray:
     if x.ndim != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(
@@ -100,18 +94,9 @@ def _check_x(x: np.ndarray, w: QuantWeight) -> np.ndarray:
     return x
 
 
-def matmul_tiled(
-    x: np.ndarray, w: QuantWeight, out: np.ndarray, row_block: int | None = None
-) -> None:
-    # x: [n, in], w: [out, in] -> out: [n, out]; W is float only one tile per thread at a time.
-    # row_block: one BLAS call per block of that many rows of x (n a multiple of it), so that a
-    # row's bits depend only on its place in its block, not on the other rows or on n.
+def matmul_tiled(x: np.ndarray, w: QuantWeight, out: np.ndarray) -> None:
+    # x: [n, in], w: [out, in] -> out: [n, out]; W is float only one tile per thread at a time
     rows, cols = w.shape
-    blocks = (
-        [slice(None)]
-        if row_block is None
-        else [slice(i, i + row_block) for i in range(0, x.shape[0], row_block)]
-    )
     # at least one tile per thread: run_split hands out whole tiles
     tile = max(16, min(-(-rows // threads.get_threads()), TILE_BYTES // (4 * cols)))
     dequantize_rows = w.unit.dequantize_rows
@@ -123,71 +108,22 @@ def matmul_tiled(
             wt = buf[: r1 - r0]
             dequantize_rows(w.raw[r0:r1], wt)
             # into a fresh contiguous block: numpy skips BLAS when `out` is a strided column slice
-            for b in blocks:
-                out[b, r0:r1] = x[b] @ wt.T
+            out[:, r0:r1] = x @ wt.T
 
     threads.run_split(rows, tiles, min_items=tile)
 
 
-def matmul(x: np.ndarray, w: QuantWeight, blas_layout: np.ndarray | None = None) -> np.ndarray:
+def matmul(x: np.ndarray, w: QuantWeight, row_wise: bool = False) -> np.ndarray:
     """x: float32[n, in], w: QuantWeight [out, in] -> float32[n, out].
 
-    None: the path is chosen by n alone. A batching engine needs more: each sequence must get
-    the same numbers whoever it shares a step with. The quantized units' row-tile and fused
-    kernels compute every row on its own, but BLAS does not: a row's rounding depends on its
-    place in the M-blocking of the call. blas_layout: int64[n], for each row -1 (`_row_wise`)
-    or its row in a zero-padded input that is multiplied BLAS_ROW_BLOCK rows per call: a row
-    placed at the same offset modulo BLAS_ROW_BLOCK gets the same bits in any batch.
+    By default the path is chosen by n alone. row_wise: every row through a kernel that computes
+    it on its own, so that its bits depend neither on the other rows nor on n or the threads:
+    what a batching engine needs to give each sequence the numbers it would get alone. (BLAS
+    rounds a row depending on its place in the call's blocking.)
     """
     x = _check_x(x, w)
     threads.apply()
-    if blas_layout is None:
-        return _by_n(x, w)
-    if w.unit.matmul_small is None and w.unit.matmul_rows is None:
-        return _tiled(x, w)
-    n = x.shape[0]
-    if len(blas_layout) != n:
-        raise ValueError(f"blas_layout has {len(blas_layout)} rows for {n} rows of x")
-    runs = _blas_runs(blas_layout)
-    if not runs:  # a decode step: no row takes BLAS
-        return _row_wise(x, w)
-    # Rows move by runs (slice copies) and only the gaps are zeroed: masks and fancy indexing
-    # over a whole 512-row step cost a quarter of its BLAS time.
-    last = max(p + k for _, p, k in runs)
-    padded = np.empty((-(-last // BLAS_ROW_BLOCK) * BLAS_ROW_BLOCK, x.shape[1]), np.float32)
-    end = 0
-    for i, p, k in runs:
-        if p < end:
-            raise ValueError("blas_layout places two rows in one row of the padded input")
-        padded[end:p] = 0
-        padded[p : p + k] = x[i : i + k]
-        end = p + k
-    padded[end:] = 0
-    padded_out = np.empty((padded.shape[0], w.shape[0]), np.float32)
-    matmul_tiled(padded, w, padded_out, BLAS_ROW_BLOCK)
-    if len(runs) == 1 and runs[0][2] == n:
-        # one prompt run: its rows of the output, not a copy
-        return padded_out[runs[0][1] : runs[0][1] + n]
-    out = np.empty((n, w.shape[0]), np.float32)
-    for i, p, k in runs:
-        out[i : i + k] = padded_out[p : p + k]
-    row_wise = np.flatnonzero(blas_layout < 0)
-    if row_wise.size:
-        out[row_wise] = _row_wise(x[row_wise], w)
-    return out
-
-
-def _blas_runs(blas_layout: np.ndarray) -> list[tuple[int, int, int]]:
-    """-> (row of x, row of the padded input, length) of each run of rows consecutive in both,
-    in padded order."""
-    rows = np.flatnonzero(blas_layout >= 0)
-    if rows.size == 0:
-        return []
-    at = blas_layout[rows]
-    cuts = np.flatnonzero((np.diff(rows) != 1) | (np.diff(at) != 1)) + 1
-    starts, ends = np.r_[0, cuts], np.r_[cuts, rows.size]
-    runs = [(int(rows[a]), int(at[a]), int(b - a)) for a, b in zip(starts, ends, strict=True)]
-    return sorted(runs, key=lambda run: run[1])
+    return _row_wise(x, w) if row_wise else _by_n(x, w)
 
 
 def bind_stacked(parts: list[QuantWeight], packed: tuple) -> Callable[[np.ndarray], np.ndarray]:
@@ -224,29 +160,19 @@ def _by_n(x: np.ndarray, w: QuantWeight) -> np.ndarray:
     return out
 
 
-def _tiled(x: np.ndarray, w: QuantWeight) -> np.ndarray:
-    out = np.empty((x.shape[0], w.shape[0]), np.float32)
-    matmul_tiled(x, w, out)
-    return out
-
-
-# A unit whose fused kernel beats its row-tile kernel up to this many rows (small_n_max) takes
-# the fused kernel for row-wise work at every n: decode steps and prompt tails (under
-# BLAS_ROW_BLOCK rows each) rarely have more.
+# A unit whose int8 fused kernel beats its row-tile kernel up to this many rows (small_n_max)
+# takes the fused kernel for row-wise work at every n: that is Q8_0, the output head of many
+# models, whose rows in a step are one per sequence.
 ROW_WISE_FUSED_MIN = 32
 
 
 def _row_wise(x: np.ndarray, w: QuantWeight) -> np.ndarray:
-    # One kernel at every n: a row's bits must not depend on how many rows share the call. A
-    # quantized unit's row-tile and fused kernels compute each row on its own; the fused one is
-    # used where it wins up to ROW_WISE_FUSED_MIN rows (Q8_0). F32 has only BLAS, which rounds a
-    # row depending on the others in the call: one call per row.
+    # One kernel at every n: a row's bits must not depend on how many rows share the call. Every
+    # unit's row-tile kernel and the quantized units' fused kernels compute each row on its own
+    # (F32's small kernel is BLAS, which does not).
     out = np.empty((x.shape[0], w.shape[0]), np.float32)
     unit = w.unit
-    if unit.matmul_rows is None:
-        for i in range(x.shape[0]):
-            unit.matmul_small(w.packed, x[i : i + 1], out[i : i + 1])
-    elif unit.matmul_small is not None and unit.small_n_max >= ROW_WISE_FUSED_MIN:
+    if isinstance(unit.matmul_small, Fused) and unit.small_n_max >= ROW_WISE_FUSED_MIN:
         unit.matmul_small(w.packed, x, out)
     else:
         unit.matmul_rows(w.raw, x, out)

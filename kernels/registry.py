@@ -35,7 +35,9 @@ Unit interface (what a unit module provides):
 - `matmul_rows(raw, x, out)`: mid-n matmul on the raw bytes (raw: uint8[out, row_bytes],
   x: float32[n, in] (C), out: float32[n, out] (C) -> None), for small_n_max < n <= `rows_n_max`;
   larger n go to the generic path in `kernels/matmul.py` (dequantize cache-sized row tiles with
-  `dequantize_rows`, multiply with BLAS).
+  `dequantize_rows`, multiply with BLAS). Every unit has one: it also serves every n of the
+  row-wise (batch-invariant) path, so each output row must be computed on its own, its bits
+  independent of n and of the threads (`row_tile_matmul` does that).
 """
 
 from __future__ import annotations

@@ -36,9 +36,9 @@ class Batch:
     token_ids, positions: int32[n]; seq_rows: int32[n], each token's row of block_tables;
     slots: int64[n], where each token's K/V go (block * block_size + offset);
     block_tables: int32[n_seqs, max_blocks]; logit_rows: int64[m], the tokens whose logits are
-    wanted, strictly increasing (None: all n; m = n is all n too); blas_layout: int64[n], where
-    each token's row goes in the BLAS path's input, -1 for the fused kernels (None: the path is
-    chosen by the batch size), see kernels.matmul.
+    wanted, strictly increasing (None: all n; m = n is all n too); row_wise: every matmul takes
+    `kernels.matmul`'s row-wise path, so that each sequence gets the same bits whatever it is
+    batched with (False: the path is chosen by the batch size).
     """
 
     token_ids: np.ndarray
@@ -47,7 +47,7 @@ class Batch:
     slots: np.ndarray
     block_tables: np.ndarray
     logit_rows: np.ndarray | None = None
-    blas_layout: np.ndarray | None = None
+    row_wise: bool = False
 
 
 class Linear:
@@ -67,13 +67,13 @@ class Linear:
         self._small_n_max = unit.small_n_max if fused else -1
         self.small = kernels.bind_stacked(parts, self.small_packed) if fused else None
 
-    def __call__(self, x: np.ndarray, blas_layout: np.ndarray | None = None) -> np.ndarray:
-        if blas_layout is None and x.shape[0] <= self._small_n_max:
+    def __call__(self, x: np.ndarray, row_wise: bool = False) -> np.ndarray:
+        if not row_wise and x.shape[0] <= self._small_n_max:
             y = self.small(x)
         elif len(self.parts) == 1:
-            y = kernels.matmul(x, self.parts[0], blas_layout)
+            y = kernels.matmul(x, self.parts[0], row_wise)
         else:
-            y = np.concatenate([kernels.matmul(x, p, blas_layout) for p in self.parts], axis=1)
+            y = np.concatenate([kernels.matmul(x, p, row_wise) for p in self.parts], axis=1)
         if self.bias is not None:
             y += self.bias
         return y
@@ -236,10 +236,10 @@ class DecoderModel:
             x *= np.float32(scale)
         h = rms_norm(x, self.layers[0].attn_norm, eps)
         last = len(self.layers) - 1
-        blas = batch.blas_layout
+        row_wise = batch.row_wise
         for i, L in enumerate(self.layers):
             attn = self_attention(
-                L.qkv(h, blas),
+                L.qkv(h, row_wise),
                 L.q_norm,
                 L.k_norm,
                 eps,
@@ -255,18 +255,16 @@ class DecoderModel:
                 batch.slots,
                 c.n_heads,
             )
-            o = L.wo(attn, blas)
+            o = L.wo(attn, row_wise)
             if i == last and batch.logit_rows is not None:
                 if len(batch.logit_rows) < len(x):  # (a decode step wants every row)
                     # Only the rows whose logits are wanted need the last FFN and the head.
                     x, o = x[batch.logit_rows], o[batch.logit_rows]
-                # one row per sequence: the fused kernels, which need no layout to be exact
-                blas = None if blas is None else np.full(len(x), -1, np.int64)
             h = add_rms_norm(x, o, L.post_attn_norm, L.ffn_norm, eps)
-            f = L.down(gated_act(L.gate_up(h, blas), self.activation), blas)
+            f = L.down(gated_act(L.gate_up(h, row_wise), self.activation), row_wise)
             next_norm = self.output_norm if i == last else self.layers[i + 1].attn_norm
             h = add_rms_norm(x, f, L.post_ffn_norm, next_norm, eps)
-        logits = self.output(h, blas)
+        logits = self.output(h, row_wise)
         if c.final_logit_softcap:
             softcap_(logits, c.final_logit_softcap)
         return logits

@@ -114,60 +114,6 @@ def test_stacked_weights_in_one_buffer_give_each_parts_own_rows(qtype):
     assert kernels.stack([parts[0], apart]) is None  # not in one buffer
 
 
-def test_blas_rows_bits_depend_only_on_their_offset_in_the_padded_input():
-    # kernels.matmul's engine path: a step mixes BLAS runs (prompt blocks of several sequences,
-    # at their positions modulo BLAS_ROW_BLOCK) with row-wise rows (decode tokens, prompt tails)
-    from edgeinfer.kernels.matmul import BLAS_ROW_BLOCK as B
-
-    rng = np.random.default_rng(11)
-    data = q8_0_bytes(96, 256, rng)
-    w = kernels.QuantWeight.from_raw(data, T.Q8_0, (96, 256))
-    want = rng.standard_normal((7 + 2 * B + 40 + 3, 256)).astype(np.float32)
-    x = want.copy()
-    # rows 0-6 row-wise, 7..7+2B-1 a run at padded B+20.., 3 row-wise, then a run of 40 placed
-    # before the first one, at padded 5..
-    layout = np.full(len(x), -1, np.int64)
-    layout[7 : 7 + 2 * B] = np.arange(B + 20, 3 * B + 20)
-    tail = 7 + 2 * B + 3
-    layout[tail : tail + 40] = np.arange(5, 45)
-    got = kernels.matmul(x, w, layout)
-    assert np.array_equal(x, want)  # the input is left as it was
-    ref = x.astype(np.float64) @ gguf_dequantize(data, T.Q8_0).reshape(96, 256).T
-    blas = layout >= 0
-    np.testing.assert_allclose(got[blas], ref[blas], rtol=1e-4, atol=1e-3)
-    # row-wise rows take Q8_0's int8 kernel
-    assert ((got[~blas] - ref[~blas]) ** 2).sum() / (ref[~blas] ** 2).sum() <= 5e-4
-    # each run alone, at the same offsets modulo B, gives the same bits
-    run = kernels.matmul(x[7 : 7 + 2 * B], w, np.arange(B + 20, 3 * B + 20))
-    assert np.array_equal(got[7 : 7 + 2 * B], run)
-    run = kernels.matmul(x[tail : tail + 40], w, np.arange(5, 45))
-    assert np.array_equal(got[tail : tail + 40], run)
-    rows = np.flatnonzero(layout < 0)
-    assert np.array_equal(got[rows], kernels.matmul(x[rows], w, np.full(len(rows), -1)))
-    with pytest.raises(ValueError, match="rows for"):
-        kernels.matmul(x, w, layout[:-1])
-    clash = layout.copy()
-    clash[tail] = B + 20  # a row of the first run's place
-    with pytest.raises(ValueError, match="two rows in one row"):
-        kernels.matmul(x, w, clash)
-
-
-def test_f32_rows_of_the_per_row_path_do_not_depend_on_the_batch():
-    # F32 has no row-tile kernel, only BLAS, whose rounding of a row depends on the other rows
-    # of the call; the engine's per-row path must not.
-    rng = np.random.default_rng(5)
-    w = kernels.QuantWeight.from_raw(
-        rng.standard_normal((300, 576)).astype(np.float32).view(np.uint8), T.F32, (300, 576)
-    )
-    x = rng.standard_normal((40, 576)).astype(np.float32)
-    full = kernels.matmul(x, w, np.full(len(x), -1))
-    want = x.astype(np.float64) @ w.raw.view(np.float32).T.astype(np.float64)
-    np.testing.assert_allclose(full, want, rtol=1e-4, atol=1e-3)
-    for n in (1, 3, 16):
-        assert np.array_equal(kernels.matmul(x[:n], w, np.full(n, -1)), full[:n])
-    assert np.array_equal(kernels.matmul(x[7:30], w, np.full(23, -1)), full[7:30])
-
-
 def test_matmul_checks_and_converts_x():
     rng = np.random.default_rng(4)
     w = kernels.QuantWeight.from_raw(q8_0_bytes(10, 64, rng), T.Q8_0, (10, 64))
@@ -258,12 +204,12 @@ def check_row_tile_matmul(data: np.ndarray, qtype, out_dim: int, in_dim: int, rn
     for n in (1, 2, 5, 16, 33):
         assert np.array_equal(rows(x[:n]), full[:n]), f"{qtype.name} n={n}"
     assert np.array_equal(rows(x[7:12]), full[7:12])
-    # the engine's per-row path (the row-tile or the fused kernel, per unit): a row's bits
-    # whatever shares the call
-    row_wise = kernels.matmul(x, w, np.full(len(x), -1))
-    for n in (1, 3, 16):
-        assert np.array_equal(kernels.matmul(x[:n], w, np.full(n, -1)), row_wise[:n])
-    assert np.array_equal(kernels.matmul(x[5:9], w, np.full(4, -1)), row_wise[5:9])
+    # the engine's path for every row (the row-tile or the fused kernel, per unit): a row's bits
+    # whatever shares the call, also past rows_n_max, where the path chosen by n takes BLAS
+    many = np.concatenate([x, x[::-1], x])
+    row_wise = kernels.matmul(many, w, row_wise=True)
+    for lo, hi in ((0, 1), (0, 3), (0, 16), (5, 9), (60, 150)):
+        assert np.array_equal(kernels.matmul(many[lo:hi], w, row_wise=True), row_wise[lo:hi])
     # the dispatch for every n the unit routes to the row-tile kernel
     lo = w.unit.small_n_max + 1 if w.unit.matmul_small is not None else 1
     for n in range(lo, w.unit.rows_n_max + 1, 5):
@@ -272,7 +218,7 @@ def check_row_tile_matmul(data: np.ndarray, qtype, out_dim: int, in_dim: int, rn
     try:
         kernels.set_threads(1)
         assert np.array_equal(rows(x), full)
-        assert np.array_equal(kernels.matmul(x, w, np.full(len(x), -1)), row_wise)
+        assert np.array_equal(kernels.matmul(many, w, row_wise=True), row_wise)
     finally:
         kernels.set_threads(before)
 

@@ -149,7 +149,7 @@ def test_matmul_accuracy(qtype):
     check_matmul(qtype, 67, 4608, (1, 7), rng)
 
 
-@pytest.mark.parametrize("qtype", TYPES[1:], ids=lambda t: t.name)  # F32 needs no tiles
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_row_tile_matmul(qtype):
     # 301 rows = 37 tiles of 8 + 5, and 6 rows: less than one tile of 4 x 2 blocks
     rng = np.random.default_rng(int(qtype) + 17)

@@ -3,8 +3,9 @@
 Synthetic models: every architecture x every ftype, logits NMSE <= 1e-2, with the prompt fed
 as a prefill followed by single-token decode steps (so the paged cache is read back).
 Real models: mean KL(llama.cpp || edgeinfer) and top-1 agreement over several prompts
-(>= 256 positions), bounded by 1e-3 / 98 % or by llama.cpp's own f16-vs-f32-KV disagreement
-(with a margin) where that floor is higher; greedy continuations agree until a near-tie.
+(>= 256 positions), bounded by 1e-3 / 98 % or by llama.cpp's disagreement with itself (batched
+against one token at a time, f16 against f32 KV; with a margin) where that floor is higher;
+greedy continuations agree until a near-tie.
 Both sides use a float16 KV cache. Also: the runner's error handling and batching.
 """
 
@@ -28,7 +29,7 @@ N_PREFILL = 40
 NMSE_MAX = 1e-2
 KL_MAX = 1e-3
 TOP1_MIN = 0.98
-NOISE_MARGIN = 1.5  # allowed multiple of llama.cpp's own f16/f32-KV disagreement
+NOISE_MARGIN = 1.5  # allowed multiple of llama.cpp's disagreement with itself
 TOP1_SLACK = 0.03
 # Greedy continuations are compared until llama.cpp's top-2 logit gap drops below this. Single
 # logits differ by up to ~1 between llama.cpp and itself with f16 vs f32 KV on these models
@@ -106,36 +107,53 @@ def real_pair(request, real_model):
 def test_real_model_logits(real_pair, real_model):
     """KL and top-1 agreement against llama.cpp, judged against llama.cpp's own noise floor.
 
-    Small models amplify rounding: llama.cpp against itself with only the KV cache precision
-    changed (f16 -> f32) differs by a mean KL of ~3.6e-3 (SmolLM2 135M) and ~6e-3 (Gemma 3
-    270M) on these prompts. An implementation that is not bit-identical to llama.cpp's kernels
-    (its int8 activation quantization, f16 rounding of Q and of softmax weights) cannot get
-    under that floor, so the bounds are KL_MAX / TOP1_MIN or the floor (with a margin),
-    whichever is looser; the floor is measured here, on the same prompts.
+    Small models amplify rounding, and llama.cpp does not agree with itself to 1e-3: on these
+    prompts its logits computed one token at a time (n_batch = 1, its decode path) differ from
+    its batched ones by a mean KL of ~2.3e-3 / top-1 98.1 % (SmolLM2 135M) and ~4.7e-3 / 94.9 %
+    (Gemma 3 270M), and with only the KV cache precision changed (f16 -> f32) by ~3.5e-3 and
+    ~6e-3. An implementation that is not bit-identical to llama.cpp's batched kernels (its int8
+    activation quantization, f16 rounding of Q and of softmax weights) cannot get under that
+    floor, so the bounds are KL_MAX / TOP1_MIN or the floor (with a margin), whichever is
+    looser; the floor is measured here, on the same prompts: the larger disagreement of the two.
     """
     name, runner, llm = real_pair
-    f32kv = llama_cpp.Llama(
-        model_path=str(real_model(name)), n_ctx=512, logits_all=True, n_threads=2,
-        verbose=False, type_k=0, type_v=0,  # GGML_TYPE_F32
-    )  # fmt: skip
-    kls, agree, floor_kls, floor_agree = [], [], [], []
+    path = str(real_model(name))
+    others = {
+        "f32 KV": llama_cpp.Llama(
+            model_path=path, n_ctx=512, logits_all=True, n_threads=2, verbose=False,
+            type_k=0, type_v=0,  # GGML_TYPE_F32
+        ),
+        "one token at a time": llama_cpp.Llama(
+            model_path=path, n_ctx=512, logits_all=True, n_threads=2, verbose=False,
+            n_batch=1, n_ubatch=1,
+        ),
+    }  # fmt: skip
+    kls, agree = [], []
+    floor_kls = {k: [] for k in others}
+    floor_agree = {k: [] for k in others}
     for i, text in enumerate(PROMPTS):
         tokens = llm.tokenize(text.encode(), add_bos=True, special=False)
         ref = oracle_logits(llm, tokens)
         ours = runner.forward(100 + i, tokens)
         runner.free(100 + i)
-        other = oracle_logits(f32kv, tokens)
         kls.append(kl(ref, ours))
         agree.append(ref.argmax(-1) == ours.argmax(-1))
-        floor_kls.append(kl(ref, other))
-        floor_agree.append(ref.argmax(-1) == other.argmax(-1))
+        for key, other_llm in others.items():
+            other = oracle_logits(other_llm, tokens)
+            floor_kls[key].append(kl(ref, other))
+            floor_agree[key].append(ref.argmax(-1) == other.argmax(-1))
     kls, agree = np.concatenate(kls), np.concatenate(agree)
-    floor_kl, floor_top1 = np.concatenate(floor_kls).mean(), np.concatenate(floor_agree).mean()
+    floors = {
+        k: (np.concatenate(floor_kls[k]).mean(), np.concatenate(floor_agree[k]).mean())
+        for k in others
+    }
+    floor_kl = max(f[0] for f in floors.values())
+    floor_top1 = min(f[1] for f in floors.values())
     assert kls.size >= 256
     print(
         f"{name}: {kls.size} positions, mean KL {kls.mean():.2e} (median {np.median(kls):.1e}), "
-        f"top-1 {agree.mean():.2%}; llama.cpp f16 vs f32 KV: KL {floor_kl:.2e}, "
-        f"top-1 {floor_top1:.2%}"
+        f"top-1 {agree.mean():.2%}; llama.cpp against itself: "
+        + "; ".join(f"{k}: KL {f[0]:.2e}, top-1 {f[1]:.2%}" for k, f in floors.items())
     )
     assert kls.mean() <= max(KL_MAX, NOISE_MARGIN * floor_kl)
     assert agree.mean() >= min(TOP1_MIN, floor_top1 - TOP1_SLACK)
