@@ -21,7 +21,8 @@ from threadpoolctl import threadpool_limits
 # After a parallel kernel, GNU OpenMP's workers (Numba's "omp" layer) spin for GOMP_SPINCOUNT
 # iterations before they sleep; by default long enough to hold a core through run_split's BLAS
 # work, whose second thread then shares that core. 100000 still covers the gaps between a decode
-# step's kernels; a 512-token prefill measured 1.4x faster (ad-hoc). libgomp reads it once, when
+# step's kernels; a 512-row forward pass through the BLAS path measured 1.4x faster (ad-hoc;
+# the engine's steps take the row-wise kernels instead). libgomp reads it once, when
 # it is loaded: this must run before the first parallel kernel (or any other library using
 # libgomp, such as llama.cpp's) in the process, and a value the user set wins. Child processes
 # inherit it: INHERITED_SPINCOUNT (None: unset) lets a benchmark start llama.cpp as it would run.

@@ -17,7 +17,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
 
 def prompts(vocab: int, lengths, seed=0) -> list[list[int]]:
-    """Token-id prompts; the long ones take the BLAS path for their prompt rows."""
+    """Token-id prompts, half of them behind a shared prefix."""
     rng = np.random.default_rng(seed)
     shared = rng.integers(0, vocab, 40).tolist()  # a common prefix, as a system prompt would be
     out = []
