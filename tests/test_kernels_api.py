@@ -114,6 +114,24 @@ def test_stacked_weights_in_one_buffer_give_each_parts_own_rows(qtype):
     assert kernels.stack([parts[0], apart]) is None  # not in one buffer
 
 
+def test_row_wise_blocks_of_a_wide_input_give_the_same_bits():
+    # the row-wise path cuts a wide x into blocks of rows that stay in cache (ROW_WISE_X_BYTES):
+    # rows across a block boundary must come out as they would alone
+    from edgeinfer.kernels.matmul import ROW_WISE_X_BYTES
+
+    rng = np.random.default_rng(8)
+    cols = 8192
+    step = ROW_WISE_X_BYTES // (4 * cols)
+    wf = rng.standard_normal((24, cols)).astype(np.float16)
+    w = kernels.QuantWeight.from_raw(wf.view(np.uint8).reshape(-1), T.F16, (24, cols))
+    x = rng.standard_normal((2 * step + 5, cols)).astype(np.float32)
+    got = kernels.matmul(x, w, row_wise=True)
+    ref = x.astype(np.float64) @ wf.astype(np.float64).T
+    assert ((got - ref) ** 2).sum() / (ref**2).sum() <= 1e-10
+    for lo, hi in ((0, 1), (step - 1, step + 2), (2 * step, 2 * step + 5)):
+        assert np.array_equal(kernels.matmul(x[lo:hi], w, row_wise=True), got[lo:hi])
+
+
 def test_matmul_checks_and_converts_x():
     rng = np.random.default_rng(4)
     w = kernels.QuantWeight.from_raw(q8_0_bytes(10, 64, rng), T.Q8_0, (10, 64))
