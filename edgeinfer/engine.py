@@ -20,12 +20,11 @@ from edgeinfer.sequence import Sequence
 
 # Every token of a step takes the row-wise kernels (kernels.matmul), which keeps each sequence's
 # arithmetic the same whoever it shares a step with; for prompts they are also faster than BLAS
-# on 2-core AVX2 machines (a 512-token step of four prompts: 1.0 s, against 1.4 s with one
-# BLAS call per weight; ad-hoc). Steps of
-# decode tokens only may instead take the fastest kernel for their size unless
-# `batch_invariant` is set: at a few sequences a 4- or 5-bit unit's int8 kernel is faster than
-# its row-tile kernel (about 2x at one), but rounds differently, so a batch then decodes
-# slightly differently from a request alone.
+# on 2-core AVX2 machines (a 512-token step of four prompts: 1.0 s, against 1.4 s with one BLAS
+# call per weight; ad-hoc). Steps of decode tokens only may instead take the fastest kernel for
+# their size unless `batch_invariant` is set: at a few sequences a 4- or 5-bit unit's int8
+# kernel is faster than its row-tile kernel (about 2x at one), but rounds differently, so a
+# batch then decodes slightly differently from a request alone.
 # Output tokens per second are averaged over this many seconds.
 RATE_WINDOW_S = 3.0
 

@@ -1,5 +1,5 @@
 """F32: plain float32 weights; BLAS reads them straight from the file bytes (the row-tile
-kernel, which computes each row on its own, serves the batch-invariant path)."""
+kernel, which computes each row on its own, serves kernels.matmul's row-wise path)."""
 
 import numpy as np
 from gguf import GGMLQuantizationType

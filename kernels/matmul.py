@@ -1,6 +1,6 @@
 """y = x · Wᵀ for any GGML type: fused int8 kernels for the smallest n, row-tile kernels (built
 here from the units' row dequantizers) for batched decode and for every row of the row-wise
-(batch-invariant) path, dequantized tiles + BLAS for large n."""
+path (the engine's steps), dequantized tiles + BLAS for large n."""
 
 from collections.abc import Callable
 
@@ -162,7 +162,8 @@ def _by_n(x: np.ndarray, w: QuantWeight) -> np.ndarray:
 
 # A unit whose int8 fused kernel beats its row-tile kernel up to this many rows (small_n_max)
 # takes the fused kernel for row-wise work at every n: that is Q8_0, the output head of many
-# models, whose rows in a step are one per sequence.
+# models, whose rows in a step are one per sequence. (A Q8_0 model's other weights take it for
+# prompt rows too, where it is 1.2-1.6x slower than the row-tile kernel; ad-hoc.)
 ROW_WISE_FUSED_MIN = 32
 
 
