@@ -1,6 +1,6 @@
 """The paged KV cache: per-layer pools of fixed-size blocks, plus the block bookkeeping.
 
-k[layer]: [num_blocks, n_kv_heads, block_size, head_dim],
+k[layer]: [num_blocks, n_kv_heads, head_dim, block_size] (keys as columns),
 v[layer]: [num_blocks, n_kv_heads, block_size, v_head_dim] — see kernels.attention.
 "f16" stores float16 bit patterns as uint16 (what the attention kernel widens block by block;
 Numba has no float16 arithmetic), "f32" stores float32. The pools are allocated with np.zeros,
@@ -36,7 +36,7 @@ class KVCache:
         self.block_size = block_size
         self.num_blocks = num_blocks
         storage = KV_DTYPES[dtype]
-        self.k_pool = np.zeros((n_layers, num_blocks, n_kv_heads, block_size, head_dim), storage)
+        self.k_pool = np.zeros((n_layers, num_blocks, n_kv_heads, head_dim, block_size), storage)
         self.v_pool = np.zeros((n_layers, num_blocks, n_kv_heads, block_size, v_head_dim), storage)
         # Per-layer views built once: the forward pass indexes lists, not 5-D arrays.
         self.k = list(self.k_pool)

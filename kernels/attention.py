@@ -1,12 +1,13 @@
 """Self-attention over a paged KV cache, for a flat batch of tokens from any number of sequences.
 
-Cache layout (one layer), block_size = bs:
-    k: [num_blocks, n_kv_heads, bs, head_dim]   a key is a contiguous row: a score is one
-                                                head_dim-long dot product (measured 2x faster
-                                                than bs-wide FMAs over keys stored transposed)
-    v: [num_blocks, n_kv_heads, bs, v_head_dim]
-stored as float16 bits (uint16; Numba has no float16 arithmetic, so a block is widened to
-float32 once per use) or as float32. A sequence's block-table row maps its logical block i
+Cache layout (one layer), block_size = bs, a multiple of 16:
+    k: [num_blocks, n_kv_heads, head_dim, bs]   keys as columns: the scores of 4 query rows
+                                                against 16 keys are one register tile
+                                                (simd.fma_tile), no horizontal sums
+    v: [num_blocks, n_kv_heads, bs, v_head_dim] values as rows: 4 rows' weighted sums over 16
+                                                columns likewise
+stored as float16 bits (uint16; Numba has no float16 arithmetic, so values are widened to
+float32 as they are read) or as float32. A sequence's block-table row maps its logical block i
 (positions i*bs ...) to a physical block; slot = block * bs + offset.
 
 `self_attention` is one call per layer: it finishes Q/K/V (per-head QK-norm, RoPE, query
@@ -14,8 +15,9 @@ scale), writes every new K/V row into its slot, then each token attends to its o
 positions <= its own (causal) and, with a sliding window w, > position - w.
 
 Work is split into items (query tile, KV head, key chunk). A tile is up to TILE consecutive
-tokens of one sequence (a prefill run), so each K/V block is widened once per tile rather than
-once per token; the query heads sharing a KV head (GQA group) share it too. The key range is
+tokens of one sequence (a prefill run), so each K/V block is read (and widened) once per tile
+rather than once per token; the query heads sharing a KV head (GQA group) share it too: the
+tile's (token, head) rows go four at a time through every block. The key range is
 always cut into chunks of SPLIT_BLOCKS blocks at fixed positions (block index //
 SPLIT_BLOCKS). Within a chunk the softmax takes three passes (all scores, then each row's max
 and weights over the whole chunk at once, then the values; keys a token does not see get weight
@@ -33,6 +35,7 @@ from numba.extending import overload
 from .activations import exp_f32
 from .norm import _norm_row
 from .rope import rope_cos_sin, rope_rotate
+from .simd import TILE_COLS, TILE_ROWS, fma_tile
 
 TILE = 16
 SPLIT_BLOCKS = 8
@@ -67,8 +70,8 @@ def float_to_half(x):
     return np.uint16(h | sign)
 
 
-def _store(x, dst, i):
-    """x: float32 -> dst[i] in the cache's storage dtype (typed per dtype below)."""
+def _store(x, cache, blk, h, j, c):
+    """x: float32 -> cache[blk, h, j, c] in the cache's storage dtype (typed per dtype below)."""
 
 
 def _to_f32(x):
@@ -76,16 +79,16 @@ def _to_f32(x):
 
 
 @overload(_store)
-def _store_impl(x, dst, i):
-    if dst.dtype == types.uint16:
+def _store_impl(x, cache, blk, h, j, c):
+    if cache.dtype == types.uint16:
 
-        def impl(x, dst, i):
-            dst[i] = float_to_half(x)
+        def impl(x, cache, blk, h, j, c):
+            cache[blk, h, j, c] = float_to_half(x)
 
     else:
 
-        def impl(x, dst, i):
-            dst[i] = x
+        def impl(x, cache, blk, h, j, c):
+            cache[blk, h, j, c] = x
 
     return impl
 
@@ -108,13 +111,14 @@ def _to_f32_impl(x):
     return lambda x: x
 
 
-# cache: [num_blocks, nkv, bs, d] -> dst: float32[bs, d] = cache[blk, h]. Indexed, not sliced:
-# a view of the cache takes and drops a reference on it, two atomic updates of one counter that
-# every thread shares; at one view per block they cost a quarter of the decode time (2 threads).
+# cache: [num_blocks, nkv, rows, cols] -> dst[:rows, :cols] = cache[blk, h] as float32 (dst may
+# be wider: its padding stays as it is). Indexed, not sliced: a view of the cache takes and drops
+# a reference on it, two atomic updates of one counter that every thread shares; at one view per
+# block they cost a quarter of the decode time (2 threads).
 @njit(cache=True, inline="always")
 def _widen(cache, blk, h, dst):
-    for j in range(dst.shape[0]):
-        for c in range(dst.shape[1]):
+    for j in range(cache.shape[2]):
+        for c in range(cache.shape[3]):
             dst[j, c] = _to_f32(cache[blk, h, j, c])
 
 
@@ -147,38 +151,9 @@ def _prepare_token(qkv, t, q_norm, k_norm, eps, pos, inv_freq, neox, q_scale, kc
             x[:] = tmp
         rope_rotate(x, cos, sin, neox)
         for c in range(dk):
-            _store(x[c], kc[blk, h, off], c)
+            _store(x[c], kc, blk, h, c, off)
         for c in range(dv):
-            _store(row[v0 + h * dv + c], vc[blk, h, off], c)
-
-
-# Helpers are inlined at Numba IR level: as calls, their loops measured 30 % slower.
-@njit(cache=True, fastmath=_FAST, inline="always")
-def _scores(q, t, hq, kf, s):
-    # q: [n, nh, dk], kf: [bs, dk] -> s: [bs] = kf . q[t, hq], one vectorized dot product per
-    # key (q indexed, not sliced: see _widen)
-    for j in range(kf.shape[0]):
-        a = np.float32(0.0)
-        for c in range(kf.shape[1]):
-            a += q[t, hq, c] * kf[j, c]
-        s[j] = a
-
-
-@njit(cache=True, fastmath=_FAST, inline="always")
-def _weigh_values(p, vf, acc):
-    # p: [bs], vf: [bs, dv] -> acc: [dv] += p . vf, four keys per pass over acc
-    bs, dv = vf.shape
-    b4 = bs - bs % 4
-    for j in range(0, b4, 4):
-        p0, p1, p2, p3 = p[j], p[j + 1], p[j + 2], p[j + 3]
-        v0, v1, v2, v3 = vf[j], vf[j + 1], vf[j + 2], vf[j + 3]
-        for c in range(dv):
-            acc[c] += p0 * v0[c] + p1 * v1[c] + p2 * v2[c] + p3 * v3[c]
-    for j in range(b4, bs):
-        pj = p[j]
-        vr = vf[j]
-        for c in range(dv):
-            acc[c] += pj * vr[c]
+            _store(row[v0 + h * dv + c], vc, blk, h, off, c)
 
 
 # Does a token that sees the chunk's keys lo <= j < hi see any of the block at keys j0..j0+bs-1?
@@ -188,65 +163,160 @@ def _sees(lo, hi, j0, bs):
     return lo < j0 + bs and hi > j0
 
 
+# Does any of the rows r0 .. r0 + count - 1 (row r: token r // G) see the block at j0?
+@njit(cache=True, inline="always")
+def _rows_see(lo, hi, r0, count, G, j0, bs):
+    for r in range(r0, r0 + count):
+        if _sees(lo[r // G], hi[r // G], j0, bs):
+            return True
+    return False
+
+
+# -> the sum of lanes (length a power of 2) in a fixed order: halves added pairwise (in place)
+@njit(cache=True, inline="always")
+def _sum_lanes(lanes):
+    half = lanes.shape[0] // 2
+    while half > 0:
+        for k in range(half):
+            lanes[k] += lanes[k + half]
+        half //= 2
+    return lanes[0]
+
+
+# simd.fma_tile over the first `count` (1 to TILE_ROWS) of the rows whose offsets are given
+@njit(cache=True, inline="always")
+def _tile(count, add, c, c_rows, a, a_rows, b, b_at, b_step, depth):
+    if count == 4:
+        fma_tile(4, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+    elif count == 3:
+        fma_tile(3, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+    elif count == 2:
+        fma_tile(2, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+    else:
+        fma_tile(1, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+
+
+# One pass over the chunk's blocks of `cache` (K, or V where values), each row group that sees a
+# block against it (read in place where direct, else widened into buf first): the scores
+# p[r, j] of row r's query (at q_at[r] in q) against key j, or the weighted sums
+# out[r, :] += p[r, j] * value j. Rows r: see _attend.
+@njit(cache=True, inline="always")
+def _over_blocks(values, q, q_at, p, out, cache, buf, direct, h, table, b_start, b_end, lo, hi, G):
+    nkv = cache.shape[1]
+    bs = cache.shape[2] if values else cache.shape[3]
+    rows, n_keys = p.shape
+    width = out.shape[1] if values else bs  # columns of a pass: value columns or keys
+    for b in range(b_start, b_end):
+        j0 = (b - b_start) * bs
+        blk = table[b]
+        if not direct:
+            _widen(cache, blk, h, buf)
+        at = (blk * nkv + h) * cache.shape[2] * cache.shape[3]  # cache[blk, h, 0, 0]
+        step = cache.shape[3] if direct else buf.shape[1]
+        for r0 in range(0, rows, TILE_ROWS):
+            count = min(TILE_ROWS, rows - r0)
+            if not _rows_see(lo, hi, r0, count, G, j0, bs):
+                continue
+            for c in range(0, width, TILE_COLS):
+                b_at = at + c if direct else c
+                if values:
+                    o_rows, p_rows = _four(r0, width, c), _four(r0, n_keys, j0)
+                    if direct:
+                        _tile(count, True, out, o_rows, p, p_rows, cache, b_at, step, bs)
+                    else:
+                        _tile(count, True, out, o_rows, p, p_rows, buf, b_at, step, bs)
+                else:
+                    s_rows = _four(r0, n_keys, j0 + c)
+                    q_rows = (q_at[r0], q_at[r0 + 1], q_at[r0 + 2], q_at[r0 + 3])
+                    if direct:
+                        _tile(count, False, p, s_rows, q, q_rows, cache, b_at, step, q.shape[2])
+                    else:
+                        _tile(count, False, p, s_rows, q, q_rows, buf, b_at, step, q.shape[2])
+
+
+# -> the offsets of rows r0 .. r0 + 3 of a flat [rows, stride] array, plus at
+@njit(cache=True, inline="always")
+def _four(r0, stride, at):
+    return r0 * stride + at, (r0 + 1) * stride + at, (r0 + 2) * stride + at, (r0 + 3) * stride + at
+
+
 @njit(cache=True, fastmath=_FAST)
-def _attend(q, t0, t1, positions, window, h, kc, vc, table, b_start, b_end, m, l, acc):
+def _attend(
+    q, t0, t1, positions, window, h, kc, vc, table, b_start, b_end, slot, m_kept, l_kept,
+    acc_kept,
+):  # fmt: skip
     # Tokens t0..t1-1 (one sequence, consecutive positions), query heads h*G..(h+1)*G-1 of
-    # q: [n, nh, dk] against the keys of KV head h in logical blocks [b_start, b_end) -> the
-    # chunk's softmax state per (token in tile, head in group): m, l: [>= t1 - t0, G] (max
-    # score, sum of exp(score - m)), acc: [>= t1 - t0, G, dv] (unnormalised weighted values).
+    # q: [n, nh, dk] against the keys of KV head h in logical blocks [b_start, b_end) of
+    # block-table row `table` -> the chunk's softmax state per (token in tile, head in group)
+    # at [slot, :t1 - t0] of m_kept, l_kept: [items, TILE, G] (max score, sum of
+    # exp(score - max)) and acc_kept: [items, TILE, G, dv] (unnormalised weighted values).
     # Three passes over the chunk: every score, then each row's max and weights, then the
     # values. A chunk is at most SPLIT_BLOCKS blocks, so its scores stay in L1/L2.
-    G = m.shape[1]
-    dk = q.shape[2]
+    # Row r = i * G + g is token t0 + i's query head h * G + g; rows go through simd.fma_tile
+    # up to four at a time, against 16 keys (scores) or 16 value columns per pass.
+    G = m_kept.shape[2]
+    nh, dk = q.shape[1], q.shape[2]
     bs, dv = vc.shape[2], vc.shape[3]
+    rows = (t1 - t0) * G
     n_keys = (b_end - b_start) * bs
     first = b_start * bs  # position of the chunk's first key
-    kf = np.empty((bs, dk), np.float32)
-    vf = np.empty((bs, dv), np.float32)
-    p = np.empty((t1 - t0, G, n_keys), np.float32)
+    val_cols = -(-dv // TILE_COLS) * TILE_COLS
+    # One decoding token's heads fit one row group: its blocks are read in place and widened
+    # in registers. A longer tile widens each block once, into buffers, for all of its groups
+    # (V's zero-padded to whole tiles). The arithmetic is the same either way, so a token's
+    # bits do not depend on it.
+    direct_k = rows <= TILE_ROWS
+    direct_v = rows <= TILE_ROWS and dv == val_cols
+    kf = np.empty((0 if direct_k else dk, bs), np.float32)
+    vf = np.zeros((0 if direct_v else bs, val_cols), np.float32)
+    p = np.empty((rows, n_keys), np.float32)
+    out = np.zeros((rows, val_cols), np.float32)
+    q_at = np.empty(rows + TILE_ROWS, np.int64)  # flat offset of each row's query in q
+    for r in range(rows):
+        q_at[r] = ((t0 + r // G) * nh + h * G + r % G) * dk
+    q_at[rows:] = q_at[0]  # offsets past the last row: passed, never read
     # token t0 + i sees the chunk's keys lo[i] <= j < hi[i] (causal, inside its window)
     lo = np.empty(t1 - t0, np.int64)
     hi = np.empty(t1 - t0, np.int64)
     for i in range(t1 - t0):
         hi[i] = min(positions[t0 + i] + 1 - first, n_keys)
         lo[i] = max(positions[t0 + i] - window + 1 - first, 0) if window > 0 else 0
-    for b in range(b_start, b_end):
-        j0 = (b - b_start) * bs
-        _widen(kc, table[b], h, kf)
-        for i in range(t1 - t0):
-            if _sees(lo[i], hi[i], j0, bs):
-                for g in range(G):
-                    _scores(q, t0 + i, h * G + g, kf, p[i, g, j0 : j0 + bs])
-    for i in range(t1 - t0):
+    _over_blocks(
+        False, q, q_at, p, out, kc, kf, direct_k, h, table, b_start, b_end, lo, hi, G,
+    )  # fmt: skip
+    lanes = np.empty(TILE_COLS, np.float32)
+    for r in range(rows):
+        i, g = r // G, r % G
         a, e = lo[i], hi[i]
+        row = p[r]
+        m_kept[slot, i, g] = _NEG_INF
+        l_kept[slot, i, g] = 0.0
         if e <= a:
-            continue  # no key of this chunk is visible: the state stays empty
-        for g in range(G):
-            row = p[i, g]
-            mx = row[a]
-            for j in range(a + 1, e):
-                mx = max(mx, row[j])
-            # The keys not seen weighted 0. Summed per block (a fixed trip count from 0, which
-            # vectorizes) and the blocks in order: how many blocks the chunk has depends on the
-            # tile, and a token's sum must not (a vectorized sum's order depends on its length).
-            total = np.float32(0.0)
-            for j0 in range(0, n_keys, bs):
-                block = row[j0 : j0 + bs]
-                block_sum = np.float32(0.0)
-                for k in range(bs):
-                    w = exp_f32(block[k] - mx) if a <= j0 + k < e else np.float32(0.0)
-                    block[k] = w
-                    block_sum += w
-                total += block_sum
-            m[i, g] = mx
-            l[i, g] = total
-    for b in range(b_start, b_end):
-        j0 = (b - b_start) * bs
-        _widen(vc, table[b], h, vf)
-        for i in range(t1 - t0):
-            if _sees(lo[i], hi[i], j0, bs):
-                for g in range(G):
-                    _weigh_values(p[i, g, j0 : j0 + bs], vf, acc[i, g])
+            row[:] = 0.0  # no key of this chunk is visible: the state stays empty
+            continue
+        mx = row[a]
+        for j in range(a + 1, e):
+            mx = max(mx, row[j])
+        for j in range(n_keys):  # the whole row, masked after: the loop has no branch
+            w = exp_f32(row[j] - mx)
+            row[j] = w if (j >= a) & (j < e) else np.float32(0.0)
+        # Summed in lanes over the chunk in order, then the lanes in a fixed order: how many
+        # blocks the chunk has depends on the tile, and a token's sum must not (they only add
+        # zeros to its lanes; a vectorized loop's order would depend on its length). One loop
+        # over the 16 keys of each block would not vectorize: 5x slower.
+        lanes[:] = 0.0
+        for j0 in range(0, n_keys, TILE_COLS):
+            for k in range(TILE_COLS):
+                lanes[k] += row[j0 + k]
+        total = _sum_lanes(lanes)
+        m_kept[slot, i, g] = mx
+        l_kept[slot, i, g] = total
+    _over_blocks(
+        True, q, q_at, p, out, vc, vf, direct_v, h, table, b_start, b_end, lo, hi, G,
+    )  # fmt: skip
+    for r in range(rows):
+        for c in range(dv):
+            acc_kept[slot, r // G, r % G, c] = out[r, c]
 
 
 @njit(cache=True, fastmath=_FAST)
@@ -286,20 +356,15 @@ def _item(
     # (Its own function: array expressions in a parallel=True body become parallel regions.)
     i, h, c = item[0], item[1], item[2]
     t0, t1 = tiles[i, 0], tiles[i, 1]
-    G, dv = m_kept.shape[2], acc_kept.shape[3]
     bs = vc.shape[2]
     chunk = tiles[i, 2] // SPLIT_BLOCKS + c
     b_start = max(tiles[i, 2], chunk * SPLIT_BLOCKS)
     b_end = min((chunk + 1) * SPLIT_BLOCKS, positions[t1 - 1] // bs + 1)
-    m = np.full((t1 - t0, G), _NEG_INF, np.float32)
-    l = np.zeros((t1 - t0, G), np.float32)
-    acc = np.zeros((t1 - t0, G, dv), np.float32)
-    table = block_tables[seq_rows[t0]]
-    _attend(q, t0, t1, positions, window, h, kc, vc, table, b_start, b_end, m, l, acc)
     slot = first_item[i] + h * n_chunks[i] + c
-    m_kept[slot, : t1 - t0] = m
-    l_kept[slot, : t1 - t0] = l
-    acc_kept[slot, : t1 - t0] = acc
+    _attend(
+        q, t0, t1, positions, window, h, kc, vc, block_tables[seq_rows[t0]], b_start, b_end,
+        slot, m_kept, l_kept, acc_kept,
+    )  # fmt: skip
 
 
 @njit(cache=True)
@@ -366,7 +431,7 @@ def _self_attention(
     slots,
     nh,
 ):
-    n, dk = qkv.shape[0], kc.shape[3]
+    n, dk = qkv.shape[0], kc.shape[2]
     nkv, bs, dv = vc.shape[1], vc.shape[2], vc.shape[3]
     G = nh // nkv
     q = np.empty((n, nh, dk), np.float32)
@@ -426,11 +491,16 @@ def self_attention(
     used as scratch); q_norm, k_norm: float32[dk] or [0] (per-head RMS norm, eps);
     inv_freq: float64[rope_dims / 2]; q_scale: multiplies Q after RoPE (the 1/sqrt(d) scale);
     window: sliding window in tokens (0: none);
-    k_cache: [num_blocks, nkv, block_size, dk], v_cache: [num_blocks, nkv, block_size, dv]
+    k_cache: [num_blocks, nkv, dk, block_size], v_cache: [num_blocks, nkv, block_size, dv]
     (uint16 float16 bits, or float32); block_tables: int32[seqs, max_blocks];
     seq_rows: int32[n] (row of block_tables per token); positions: int32[n]; slots: int64[n]
     -> float32[n, n_heads * dv]
     """
+    block_size = v_cache.shape[2]
+    if block_size % TILE_COLS or k_cache.shape[3] != block_size:
+        raise ValueError(f"KV block size must be a multiple of {TILE_COLS}, got {block_size}")
+    if not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
+        raise ValueError("the KV cache must be C-contiguous (blocks are read by flat offset)")
     return _self_attention(
         qkv,
         q_norm,

@@ -242,3 +242,92 @@ def dot_u5(typingctx, acc, w, wi, hi, x, xi, minus, scale, one):
 
     i32, f32, u8 = types.int32, types.float32, types.uint8
     return types.void(acc, w, wi, hi, x, xi, i32, f32, u8), codegen
+
+
+TILE_ROWS = 4  # rows of fma_tile
+TILE_COLS = 2 * LANES  # columns of fma_tile: two vectors per row
+
+
+def _f32_lanes(builder, ptr, elem):
+    # 8 elements at ptr -> <8 x float>; elem: i16 for float16 bits (widened exactly, branch-free
+    # as attention._to_f32: sign-extended, shifted into float32 position, masked, rebiased by
+    # 2^112), or float
+    if elem == _F32:
+        return _load(builder, ptr, _vec(_F32, LANES))
+    w = builder.sext(_load(builder, ptr, _vec(_I16, LANES)), _vec(_I32, LANES))
+    w = builder.shl(w, _splat(builder, ir.Constant(_I32, 13), LANES))
+    w = builder.and_(w, _splat(builder, ir.Constant(_I32, -0x70002000), LANES))
+    magic = _splat(builder, ir.Constant(_F32, 2.0**112), LANES)
+    return builder.fmul(builder.bitcast(w, _vec(_F32, LANES)), magic)
+
+
+@intrinsic
+def fma_tile(typingctx, rows, add, c, c_rows, a, a_rows, b, b_at, b_step, depth):
+    """For r < rows (a literal, 1 to 4), with c_r, a_r the r-th of the offsets c_rows, a_rows
+    (4-tuples: the ones past `rows` are not read): c[c_r : c_r + 16] (+)= sum over k < depth
+    of a[a_r + k] times b[b_at + k * b_step : ... + 16], one fused multiply-add per k, in order
+    of k, starting from c's values where add (a literal bool) is true, from 0 otherwise.
+
+    A rows x 16 register tile (two vector accumulators per row, no horizontal sums): each output
+    lane is its own chain, so its bits depend neither on the other rows nor on how many there
+    are. c, a: float32 arrays, b: float32 or float16 bits (uint16, widened in registers);
+    offsets in elements of the flattened (C-contiguous) arrays."""
+    if not isinstance(rows, types.IntegerLiteral) or not 1 <= rows.literal_value <= TILE_ROWS:
+        return None
+    if not isinstance(add, types.BooleanLiteral) or b.dtype not in (types.float32, types.uint16):
+        return None
+    n_rows = rows.literal_value
+
+    def codegen(context, builder, sig, args):
+        _, _, c, c_rows, a, a_rows, b, b_at, b_step, depth = args
+        c_offs = [builder.extract_value(c_rows, r) for r in range(n_rows)]
+        a_offs = [builder.extract_value(a_rows, r) for r in range(n_rows)]
+        vec = _vec(_F32, LANES)
+        fma = builder.module.declare_intrinsic(
+            "llvm.fma.v8f32", fnty=ir.FunctionType(vec, [vec, vec, vec])
+        )
+        c_data = context.make_array(sig.args[2])(context, builder, c).data
+        a_data = context.make_array(sig.args[4])(context, builder, a).data
+        b_data = context.make_array(sig.args[6])(context, builder, b).data
+        elem = _F32 if sig.args[6].dtype == types.float32 else _I16
+        half = ir.Constant(b_at.type, LANES)
+        c_ptrs = []
+        for c_r in c_offs:
+            c_ptrs += [builder.gep(c_data, [c_r]), builder.gep(c_data, [builder.add(c_r, half)])]
+        zero = ir.Constant(vec, [0.0] * LANES)
+        start = [_load(builder, p, vec) if add.literal_value else zero for p in c_ptrs]
+        entry = builder.block
+        head = builder.append_basic_block("tile.head")
+        body = builder.append_basic_block("tile.body")
+        done = builder.append_basic_block("tile.done")
+        builder.branch(head)
+        builder.position_at_end(head)
+        k = builder.phi(depth.type)
+        accs = [builder.phi(vec) for _ in start]
+        builder.cbranch(builder.icmp_signed("<", k, depth), body, done)
+        builder.position_at_end(body)
+        b_row = builder.add(b_at, builder.mul(k, b_step))
+        lanes = [
+            _f32_lanes(builder, builder.gep(b_data, [b_row]), elem),
+            _f32_lanes(builder, builder.gep(b_data, [builder.add(b_row, half)]), elem),
+        ]
+        new = []
+        for r, a_r in enumerate(a_offs):
+            x = builder.load(builder.gep(a_data, [builder.add(a_r, k)]))
+            x = _splat(builder, x, LANES)
+            for j in range(2):
+                new.append(builder.call(fma, [x, lanes[j], accs[2 * r + j]]))
+        k_next = builder.add(k, ir.Constant(k.type, 1))
+        builder.branch(head)
+        k.add_incoming(ir.Constant(k.type, 0), entry)
+        k.add_incoming(k_next, body)
+        for acc, s, n in zip(accs, start, new, strict=True):
+            acc.add_incoming(s, entry)
+            acc.add_incoming(n, body)
+        builder.position_at_end(done)
+        for p, acc in zip(c_ptrs, accs, strict=True):
+            builder.store(acc, builder.bitcast(p, vec.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    i, four = types.intp, types.UniTuple(types.intp, TILE_ROWS)
+    return types.void(rows, add, c, four, a, four, b, i, i, i), codegen

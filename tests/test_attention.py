@@ -72,7 +72,7 @@ class Paged:
             nb = -(-n // bs)
             self.tables[s, :nb] = perm[used : used + nb]
             used += nb
-        self.k = np.zeros((n_blocks, nkv, bs, dk), dtype)
+        self.k = np.zeros((n_blocks, nkv, dk, bs), dtype)
         self.v = np.zeros((n_blocks, nkv, bs, dv), dtype)
 
     def batch(self, spans):
@@ -174,11 +174,11 @@ def test_decode_gqa_one_kv_head_long_window():
 
 
 @pytest.mark.parametrize("window", [0, 20, 45])
-@pytest.mark.parametrize("bs", [16, 12])
+@pytest.mark.parametrize("bs", [16, 32])
 def test_a_tokens_bits_do_not_depend_on_how_its_sequence_was_split(bs, window):
     # What a batch-invariant engine relies on: a token's output is the same bits whether its
     # sequence came in one prefill, in chunks or one token at a time (other tiles, other chunk
-    # lengths), also with a block size that is no multiple of any vector width.
+    # lengths), also with two rows of 16 keys per block.
     rng = np.random.default_rng(bs + window)
     nh, nkv, dk, n = 4, 2, 32, 150
     qkv = rng.standard_normal((n, (nh + 2 * nkv) * dk)).astype(np.float32)
@@ -200,3 +200,16 @@ def test_a_tokens_bits_do_not_depend_on_how_its_sequence_was_split(bs, window):
     whole = run([n])
     np.testing.assert_array_equal(run([1] * n), whole)
     np.testing.assert_array_equal(run([37, 5, 60, 1, 47]), whole)
+
+
+def test_a_block_size_the_tiles_cannot_cover_is_refused():
+    rng = np.random.default_rng(5)
+    cache = Paged([12], 1, 16, 16, np.uint16, rng, bs=12)
+    rows, pos, slots = cache.batch([(0, 0, 12)])
+    none = np.zeros(0, np.float32)
+    qkv = rng.standard_normal((12, 3 * 16)).astype(np.float32)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        self_attention(
+            qkv, none, none, 1e-6, rope_inv_freq(16, 10000.0), True, 0.25, 0,
+            cache.k, cache.v, cache.tables, rows, pos, slots, 1,
+        )  # fmt: skip

@@ -55,7 +55,7 @@ def test_free_returns_blocks_for_reuse():
 @pytest.mark.parametrize("dtype, storage", [("f16", np.uint16), ("f32", np.float32)])
 def test_pools(dtype, storage):
     kv = KVCache(n_layers=3, n_kv_heads=2, head_dim=8, v_head_dim=4, num_blocks=5, dtype=dtype)
-    assert len(kv.k) == 3 and kv.k[1].shape == (5, 2, 16, 8) and kv.v[2].shape == (5, 2, 16, 4)
+    assert len(kv.k) == 3 and kv.k[1].shape == (5, 2, 8, 16) and kv.v[2].shape == (5, 2, 16, 4)
     assert (
         kv.k[0].dtype == storage and kv.nbytes == 3 * 5 * 2 * 16 * 12 * np.dtype(storage).itemsize
     )
