@@ -33,9 +33,10 @@ from numba.core import types
 from numba.extending import overload
 
 from .activations import exp_f32
+from .block_matmul import LINE
 from .norm import _norm_row
 from .rope import rope_cos_sin, rope_rotate
-from .simd import TILE_COLS, TILE_ROWS, fma_tile
+from .simd import TILE_COLS, TILE_ROWS, fma_tile, prefetch
 
 TILE = 16
 SPLIT_BLOCKS = 8
@@ -43,6 +44,7 @@ SPLIT_BLOCKS = 8
 # a parallel region costs more than it saves.
 PARALLEL_PREPARE_MIN = 32
 PARALLEL_MERGE_MIN = 8
+PREFETCH_BLOCKS = 2
 # Reassociation lets the dot products vectorize, and no-NaN the max over a row of scores; no
 # no-infinities flag (softmax states start at -inf).
 _FAST = {"reassoc", "contract", "nnan", "nsz"}
@@ -206,12 +208,22 @@ def _over_blocks(values, q, q_at, p, out, cache, buf, direct, h, table, b_start,
     bs = cache.shape[2] if values else cache.shape[3]
     rows, n_keys = p.shape
     width = out.shape[1] if values else bs  # columns of a pass: value columns or keys
+    block = cache.shape[2] * cache.shape[3]
+    line = LINE // cache.itemsize
     for b in range(b_start, b_end):
         j0 = (b - b_start) * bs
         blk = table[b]
+        # Blocks PREFETCH_BLOCKS ahead (from the first, all of those up to it): a block is a
+        # short stream at an address of its own, which the hardware prefetcher only learns
+        # after several misses.
+        first_ahead = b + 1 if b == b_start else b + PREFETCH_BLOCKS
+        for ahead in range(first_ahead, min(b + PREFETCH_BLOCKS + 1, b_end)):
+            nxt = (table[ahead] * nkv + h) * block
+            for k in range(0, block, line):
+                prefetch(cache, nxt + k)
         if not direct:
             _widen(cache, blk, h, buf)
-        at = (blk * nkv + h) * cache.shape[2] * cache.shape[3]  # cache[blk, h, 0, 0]
+        at = (blk * nkv + h) * block  # cache[blk, h, 0, 0]
         step = cache.shape[3] if direct else buf.shape[1]
         for r0 in range(0, rows, TILE_ROWS):
             count = min(TILE_ROWS, rows - r0)
