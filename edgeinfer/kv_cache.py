@@ -2,7 +2,7 @@
 
 k[layer]: [num_blocks, n_kv_heads, head_dim, block_size] (keys as columns),
 v[layer]: [num_blocks, n_kv_heads, block_size, v_head_dim] — see kernels.attention.
-"f16" stores float16 bit patterns as uint16 (what the attention kernel widens block by block;
+"f16" stores float16 bit patterns as uint16 (what the attention kernel widens as it reads them;
 Numba has no float16 arithmetic), "f32" stores float32. The pools are allocated with np.zeros,
 so pages are committed only as blocks are first written.
 """

@@ -36,7 +36,7 @@ from .activations import exp_f32
 from .block_matmul import LINE
 from .norm import _norm_row
 from .rope import rope_cos_sin, rope_rotate
-from .simd import TILE_COLS, TILE_ROWS, fma_tile, prefetch
+from .simd import F16_MASK, F16_REBIAS, F16_SHIFT, TILE_COLS, TILE_ROWS, fma_tile, prefetch
 
 TILE = 16
 SPLIT_BLOCKS = 8
@@ -45,12 +45,11 @@ SPLIT_BLOCKS = 8
 PARALLEL_PREPARE_MIN = 32
 PARALLEL_MERGE_MIN = 8
 PREFETCH_BLOCKS = 2
-# Reassociation lets the dot products vectorize, and no-NaN the max over a row of scores; no
-# no-infinities flag (softmax states start at -inf).
+# Reassociation and no-NaN let the max over a row of scores vectorize (the products are
+# simd.fma_tile's, in a fixed order); no no-infinities flag (softmax states start at -inf).
 _FAST = {"reassoc", "contract", "nnan", "nsz"}
 _NEG_INF = np.float32(-np.inf)
-_F16_MAGIC = np.float32(2.0**112)
-_F16_BITS = np.int32(-0x70002000)  # 0x8FFFE000: sign, then half's exponent and mantissa
+_F16_SHIFT, _F16_MASK, _F16_REBIAS = np.int32(F16_SHIFT), np.int32(F16_MASK), np.float32(F16_REBIAS)
 
 
 @njit(cache=True)
@@ -100,14 +99,9 @@ def _to_f32_impl(x):
     if x == types.uint16:
 
         def impl(x):
-            # Branch-free so the widening loop vectorizes on every target: the half sign-extended
-            # to int32 and shifted left 13 puts its sign, exponent and mantissa in float32
-            # position (the mask clears the extension); scaling by 2^112 rebiases the exponent,
-            # exact for normal and subnormal halves alike. (inf/NaN halves, which a usable cache
-            # never holds, come out large and finite.) LLVM's own half conversion would be one
-            # instruction on x86 with F16C, but without it is a library call Numba cannot link.
-            bits = np.int32((np.int32(np.int16(x)) << np.int32(13)) & _F16_BITS)
-            return np.float32(bits.view(np.float32) * _F16_MAGIC)
+            # the branch-free widening described at simd.F16_SHIFT (so the widening loop vectorizes)
+            bits = np.int32((np.int32(np.int16(x)) << _F16_SHIFT) & _F16_MASK)
+            return np.float32(bits.view(np.float32) * _F16_REBIAS)
 
         return impl
     return lambda x: x
@@ -210,6 +204,7 @@ def _over_blocks(values, q, q_at, p, out, cache, buf, direct, h, table, b_start,
     width = out.shape[1] if values else bs  # columns of a pass: value columns or keys
     block = cache.shape[2] * cache.shape[3]
     line = LINE // cache.itemsize
+    step = cache.shape[3] if direct else buf.shape[1]  # b's row stride for fma_tile
     for b in range(b_start, b_end):
         j0 = (b - b_start) * bs
         blk = table[b]
@@ -224,11 +219,11 @@ def _over_blocks(values, q, q_at, p, out, cache, buf, direct, h, table, b_start,
         if not direct:
             _widen(cache, blk, h, buf)
         at = (blk * nkv + h) * block  # cache[blk, h, 0, 0]
-        step = cache.shape[3] if direct else buf.shape[1]
         for r0 in range(0, rows, TILE_ROWS):
             count = min(TILE_ROWS, rows - r0)
             if not _rows_see(lo, hi, r0, count, G, j0, bs):
                 continue
+            q_rows = (q_at[r0], q_at[r0 + 1], q_at[r0 + 2], q_at[r0 + 3])
             for c in range(0, width, TILE_COLS):
                 b_at = at + c if direct else c
                 if values:
@@ -239,7 +234,6 @@ def _over_blocks(values, q, q_at, p, out, cache, buf, direct, h, table, b_start,
                         _tile(count, True, out, o_rows, p, p_rows, buf, b_at, step, bs)
                 else:
                     s_rows = _four(r0, n_keys, j0 + c)
-                    q_rows = (q_at[r0], q_at[r0 + 1], q_at[r0 + 2], q_at[r0 + 3])
                     if direct:
                         _tile(count, False, p, s_rows, q, q_rows, cache, b_at, step, q.shape[2])
                     else:
@@ -509,8 +503,13 @@ def self_attention(
     -> float32[n, n_heads * dv]
     """
     block_size = v_cache.shape[2]
-    if block_size % TILE_COLS or k_cache.shape[3] != block_size:
+    if block_size % TILE_COLS:
         raise ValueError(f"KV block size must be a multiple of {TILE_COLS}, got {block_size}")
+    if k_cache.shape[:2] != v_cache.shape[:2] or k_cache.shape[3] != block_size:
+        raise ValueError(
+            f"K cache of shape {k_cache.shape} does not match V cache {v_cache.shape} (want"
+            " K [blocks, kv heads, head_dim, block_size], V [blocks, kv heads, block_size, v dim])"
+        )
     if not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
         raise ValueError("the KV cache must be C-contiguous (blocks are read by flat offset)")
     return _self_attention(

@@ -3,9 +3,9 @@
 import numpy as np
 from numba import njit
 
-from .simd import read_u16
+from .simd import F16_REBIAS, read_u16
 
-_F32_MAGIC = np.float32(2.0**112)  # rebias a float16 exponent (bias 15) to float32 (bias 127)
+_F32_MAGIC = np.float32(F16_REBIAS)  # rebias a float16 exponent (bias 15) to float32 (bias 127)
 
 
 # float16 bits -> float32 for all 65536 patterns (256 KB): the quantized units read their

@@ -247,18 +247,26 @@ def dot_u5(typingctx, acc, w, wi, hi, x, xi, minus, scale, one):
 TILE_ROWS = 4  # rows of fma_tile
 TILE_COLS = 2 * LANES  # columns of fma_tile: two vectors per row
 
+# float16 bits -> float32 without branches (so that it vectorizes on every target): the half,
+# sign-extended to 32 bits and shifted left by F16_SHIFT, has its sign, exponent and mantissa in
+# float32 position once F16_MASK clears the extension; times F16_REBIAS the exponent is rebiased
+# (bias 15 -> 127), exact for normal and subnormal halves alike. (inf/NaN halves, which a usable
+# KV cache never holds, come out large and finite.) LLVM's own half conversion is one
+# instruction on x86 with F16C, but without it a library call Numba cannot link.
+F16_SHIFT = 13
+F16_MASK = -0x70002000  # 0x8FFFE000: sign, then the half's exponent and mantissa
+F16_REBIAS = 2.0**112
+
 
 def _f32_lanes(builder, ptr, elem):
-    # 8 elements at ptr -> <8 x float>; elem: i16 for float16 bits (widened exactly, branch-free
-    # as attention._to_f32: sign-extended, shifted into float32 position, masked, rebiased by
-    # 2^112), or float
+    # 8 elements at ptr -> <8 x float>: elem i16 (float16 bits, widened as above) or float
     if elem == _F32:
         return _load(builder, ptr, _vec(_F32, LANES))
     w = builder.sext(_load(builder, ptr, _vec(_I16, LANES)), _vec(_I32, LANES))
-    w = builder.shl(w, _splat(builder, ir.Constant(_I32, 13), LANES))
-    w = builder.and_(w, _splat(builder, ir.Constant(_I32, -0x70002000), LANES))
-    magic = _splat(builder, ir.Constant(_F32, 2.0**112), LANES)
-    return builder.fmul(builder.bitcast(w, _vec(_F32, LANES)), magic)
+    w = builder.shl(w, _splat(builder, ir.Constant(_I32, F16_SHIFT), LANES))
+    w = builder.and_(w, _splat(builder, ir.Constant(_I32, F16_MASK), LANES))
+    rebias = _splat(builder, ir.Constant(_F32, F16_REBIAS), LANES)
+    return builder.fmul(builder.bitcast(w, _vec(_F32, LANES)), rebias)
 
 
 @intrinsic

@@ -202,14 +202,36 @@ def test_a_tokens_bits_do_not_depend_on_how_its_sequence_was_split(bs, window):
     np.testing.assert_array_equal(run([37, 5, 60, 1, 47]), whole)
 
 
-def test_a_block_size_the_tiles_cannot_cover_is_refused():
-    rng = np.random.default_rng(5)
-    cache = Paged([12], 1, 16, 16, np.uint16, rng, bs=12)
+def attend_once(cache, rng):
+    """One 12-token prefill of one sequence (1 KV head, head dim 16) through cache.k, cache.v."""
     rows, pos, slots = cache.batch([(0, 0, 12)])
     none = np.zeros(0, np.float32)
     qkv = rng.standard_normal((12, 3 * 16)).astype(np.float32)
+    return self_attention(
+        qkv, none, none, 1e-6, rope_inv_freq(16, 10000.0), True, 0.25, 0,
+        cache.k, cache.v, cache.tables, rows, pos, slots, 1,
+    )  # fmt: skip
+
+
+def test_a_block_size_the_tiles_cannot_cover_is_refused():
+    rng = np.random.default_rng(5)
     with pytest.raises(ValueError, match="multiple of 16"):
-        self_attention(
-            qkv, none, none, 1e-6, rope_inv_freq(16, 10000.0), True, 0.25, 0,
-            cache.k, cache.v, cache.tables, rows, pos, slots, 1,
-        )  # fmt: skip
+        attend_once(Paged([12], 1, 16, 16, np.uint16, rng, bs=12), rng)
+
+
+def test_a_k_cache_in_the_value_layout_is_refused():
+    # keys stored as rows ([blocks, heads, block_size, head_dim]) would be read as columns
+    rng = np.random.default_rng(6)
+    cache = Paged([12], 1, 32, 16, np.uint16, rng)
+    cache.k = np.zeros((cache.k.shape[0], 1, 16, 32), np.uint16)
+    with pytest.raises(ValueError, match="does not match V cache"):
+        attend_once(cache, rng)
+
+
+def test_a_cache_that_is_not_contiguous_is_refused():
+    # blocks are read by flat offset: a strided view would be read as the wrong values
+    rng = np.random.default_rng(7)
+    cache = Paged([12], 1, 16, 16, np.float32, rng)
+    cache.v = np.zeros((cache.v.shape[0], 1, 16, 32), np.float32)[..., ::2]
+    with pytest.raises(ValueError, match="C-contiguous"):
+        attend_once(cache, rng)
