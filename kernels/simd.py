@@ -23,7 +23,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 LANES = 8  # float accumulators per row: the width of one 256-bit vector
-_I1, _I8, _I16, _I32 = ir.IntType(1), ir.IntType(8), ir.IntType(16), ir.IntType(32)
+_I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _F32 = ir.FloatType()
 
 
@@ -134,6 +134,24 @@ def _nibbles(builder, ptr):
     return builder.shuffle_vector(low, high, ir.Constant(_vec(_I32, 32), list(range(32))))
 
 
+def _fifth_bits(builder, ptr, hi_ptr):
+    # -> <32 x i8>: the nibbles of the 16 bytes at ptr, bit j of the uint32 at hi_ptr as bit 4
+    # of nibble j
+    # (byte j // 8 of the mask in lane j, tested against bit j % 8: a bitcast to <32 x i1>
+    # instead is unpacked one lane at a time on aarch64)
+    q = _nibbles(builder, ptr)
+    mask = _load(builder, hi_ptr, _vec(_I8, 4))
+    spread = builder.shuffle_vector(
+        mask, mask, ir.Constant(_vec(_I32, 32), [j // 8 for j in range(32)])
+    )
+    bit = ir.Constant(_vec(_I8, 32), [1 << (j % 8) for j in range(32)])
+    is_set = builder.icmp_unsigned(
+        "!=", builder.and_(spread, bit), ir.Constant(_vec(_I8, 32), [0] * 32)
+    )
+    sixteen = ir.Constant(_vec(_I8, 32), [16] * 32)
+    return builder.or_(q, builder.select(is_set, sixteen, ir.Constant(_vec(_I8, 32), [0] * 32)))
+
+
 def _accumulate_bytes(context, builder, acc_type, acc, q, x, minus, scale, one):
     # q: <32 x i8> unsigned, x: <32 x i8> -> acc[0:8] += scale * partial sums of dot(q, x) -
     # minus (an int32, taken from lane 0: a weight offset times the block's activation sum,
@@ -232,10 +250,7 @@ def dot_u5(typingctx, acc, w, wi, hi, x, xi, minus, scale, one):
 
     def codegen(context, builder, sig, args):
         acc, w, wi, hi, x, xi, minus, scale, one = args
-        q = _nibbles(builder, _ptr(context, builder, sig.args[1], w, wi))
-        bits = _load(builder, _ptr(context, builder, sig.args[1], w, hi), _I32)
-        fifth = builder.zext(builder.bitcast(bits, _vec(_I1, 32)), _vec(_I8, 32))
-        q = builder.or_(q, builder.shl(fifth, _splat(builder, ir.Constant(_I8, 4), 32)))
+        q = _fifth_bits(builder, *(_ptr(context, builder, sig.args[1], w, i) for i in (wi, hi)))
         xv = _activations(context, builder, sig.args[4], x, xi)
         _accumulate_bytes(context, builder, sig.args[0], acc, q, xv, minus, scale, one)
         return context.get_dummy_value()

@@ -20,14 +20,19 @@ TARGETS = {
 }
 
 
+def probe(name: str, args: list) -> tuple[ir.Module, list, ir.IRBuilder]:
+    """A module of one void function taking args -> (it, the function's arguments, a builder
+    at its entry)."""
+    mod = ir.Module(f"simd_{name}_probe")
+    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), args), name)
+    return mod, fn.args, ir.IRBuilder(fn.append_basic_block())
+
+
 def block_dots_module() -> ir.Module:
     """One function doing what dot_i8 (16-bit products) and prefetch do to a block, on raw
     pointers."""
-    mod = ir.Module("simd_probe")
     p8 = I8.as_pointer()
-    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), [p8, p8, F32.as_pointer(), F32]), "dots")
-    w, x, acc, scale = fn.args
-    b = ir.IRBuilder(fn.append_basic_block())
+    mod, (w, x, acc, scale), b = probe("dots", [p8, p8, F32.as_pointer(), F32])
     xv = b.load(b.bitcast(x, simd._vec(I16, 32).as_pointer()), align=1)
     nibbles = simd._pair_sums(b, simd._nibbles(b, w), xv)
     lanes = [simd._pick(b, nibbles, range(8)), simd._pick(b, nibbles, range(8, 16))]
@@ -49,17 +54,26 @@ def byte_products_module() -> ir.Module:
     so the optimizer knows their bounds) times int8 activations, then times an integer scale;
     `one` is the 1 it cannot see, as the kernels pass it (dot_u4 and dot_u5 widen by it the
     same way)."""
-    mod = ir.Module("simd_bytes_probe")
     p8 = I8.as_pointer()
-    args = [p8, p8, I32.as_pointer(), I8, I16]
-    fn = ir.Function(mod, ir.FunctionType(ir.VoidType(), args), "byte_products")
-    w, x, out, one, scale = fn.args
-    b = ir.IRBuilder(fn.append_basic_block())
+    mod, (w, x, out, one, scale), b = probe("byte_products", [p8, p8, I32.as_pointer(), I8, I16])
     fifteen = simd._splat(b, ir.Constant(I8, 15), 32)
     q = b.and_(b.load(b.bitcast(w, V8_32.as_pointer()), align=1), fifteen)
     xv = b.load(b.bitcast(x, V8_32.as_pointer()), align=1)
     sums = simd._pair_sums(b, simd._byte_pair_sums(b, q, xv, one), simd._splat(b, scale, 16))
     b.store(sums, b.bitcast(out, simd._vec(I32, 8).as_pointer()), align=4)
+    b.ret_void()
+    return mod
+
+
+def fifth_bits_module() -> ir.Module:
+    """What dot_u5 does to a block: 5-bit fields from nibbles and a 32-bit mask of fifth bits,
+    times int8 activations as byte products."""
+    p8 = I8.as_pointer()
+    mod, (w, hi, x, out, one), b = probe("fifth_bits", [p8, p8, p8, I32.as_pointer(), I8])
+    q = simd._fifth_bits(b, w, hi)
+    xv = b.load(b.bitcast(x, V8_32.as_pointer()), align=1)
+    sums = simd._byte_pair_sums(b, q, xv, one)
+    b.store(sums, b.bitcast(out, simd._vec(I16, 16).as_pointer()), align=4)
     b.ret_void()
     return mod
 
@@ -106,3 +120,12 @@ def test_byte_products_survive_the_optimizer_on_every_target(triple):
         assert ops.count("vpmaddubsw") == 1 and ops.count("vpmaddwd") == 1, ops
     else:
         assert any(re.fullmatch(r"smull2?(\.4s)?", op) for op in ops), sorted(set(ops))
+
+
+@pytest.mark.parametrize("triple", list(TARGETS))
+def test_fifth_bits_unpack_as_whole_vectors_on_every_target(triple):
+    ops = lowered_ops(fifth_bits_module(), triple, optimize=True)
+    assert no_library_call(ops), sorted(set(ops))
+    # no per-lane bit extraction: what a bitcast of the mask to <32 x i1> became on aarch64
+    # (32 sbfx, one per lane)
+    assert not {"sbfx", "ubfx"} & set(ops), sorted(set(ops))
