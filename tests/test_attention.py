@@ -8,7 +8,7 @@ float16 and float32 caches, and the split-key (flash-decoding) path for a lone l
 import numpy as np
 import pytest
 
-from edgeinfer.kernels.attention import self_attention
+from edgeinfer.kernels.attention import SPLIT_BLOCKS, self_attention
 from edgeinfer.kernels.rope import rope_inv_freq
 
 BS = 16
@@ -143,9 +143,11 @@ def test_batched_sequences(dtype, nh, nkv, qk_norm, neox, window):
 
 @pytest.mark.parametrize("window", [0, 100])
 def test_single_long_query_split_keys(window):
-    # One token attending to 600 positions: too few work items, so keys split into chunks.
+    # One token attending to 1070 positions: keys split into three chunks, the window across a
+    # chunk boundary.
     rng = np.random.default_rng(window)
-    run_case(rng, 4, 1, 64, 64, False, True, window, np.uint16, lengths=[600], split_at=[599])
+    n = 2 * SPLIT_BLOCKS * BS + 46
+    run_case(rng, 4, 1, 64, 64, False, True, window, np.uint16, lengths=[n], split_at=[n - 1])
 
 
 def test_value_head_dim_differs():
@@ -178,9 +180,9 @@ def test_decode_gqa_one_kv_head_long_window():
 def test_a_tokens_bits_do_not_depend_on_how_its_sequence_was_split(bs, window):
     # What a batch-invariant engine relies on: a token's output is the same bits whether its
     # sequence came in one prefill, in chunks or one token at a time (other tiles, other chunk
-    # lengths), also with two rows of 16 keys per block.
+    # lengths, one key chunk or three), also with two rows of 16 keys per block.
     rng = np.random.default_rng(bs + window)
-    nh, nkv, dk, n = 4, 2, 32, 150
+    nh, nkv, dk, n = 4, 2, 32, 2 * SPLIT_BLOCKS * bs + 40
     qkv = rng.standard_normal((n, (nh + 2 * nkv) * dk)).astype(np.float32)
     none = np.zeros(0, np.float32)
     inv_freq = rope_inv_freq(dk, 10000.0)
@@ -199,7 +201,7 @@ def test_a_tokens_bits_do_not_depend_on_how_its_sequence_was_split(bs, window):
 
     whole = run([n])
     np.testing.assert_array_equal(run([1] * n), whole)
-    np.testing.assert_array_equal(run([37, 5, 60, 1, 47]), whole)
+    np.testing.assert_array_equal(run([37, 5, 60, 1, n - 103]), whole)
 
 
 def attend_once(cache, rng):
