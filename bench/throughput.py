@@ -1,7 +1,7 @@
 """Serving throughput: edgeinfer's continuous batching against llama-cpp-python one by one.
 
     python bench/throughput.py [MODEL] [--threads N] [--sizes 1 4 16 64] [--max-output 256]
-                               [--json]
+                               [--rounds 2] [--json]
 
 A fixed list of greedy requests with mixed prompt lengths (half of them behind a shared
 system prompt, as chat traffic is) and mixed output lengths (EOS ignored, so every engine
@@ -11,7 +11,9 @@ tokens / time until the last one finishes), TTFT and TPOT p50 / p99, peak KV blo
 whether each request's tokens are identical to the same request run alone on edgeinfer
 (both in batch-invariant mode, which is what makes them identical).
 In the same run, llama-cpp-python (in its own process, same threads) serves the same requests
-one after another through its high-level API, keeping its own prompt-prefix reuse.
+one after another through its high-level API, keeping its own prompt-prefix reuse. The engines
+take turns, `--rounds` times each (A B, B A, ...), and each reports its best round: on a shared
+machine a slow spell otherwise lands on whichever engine ran during it.
 Last, a chat's second turn: its TTFT with prefix caching against recomputing the history.
 """
 
@@ -94,22 +96,32 @@ def serve(llm, reqs) -> dict:
     }
 
 
-def edgeinfer_runs(path: str, threads: int, sizes: list[int], reqs) -> dict:
+def context(reqs) -> int:
+    return max(len(p) + m for p, m in reqs) + 16
+
+
+def edgeinfer_alone(path: str, threads: int, reqs) -> list[list[int]]:
+    """Each request's tokens when it runs by itself, with nothing cached."""
     from edgeinfer import LLM, SamplingParams
 
-    ctx = max(len(p) + m for p, m in reqs) + 16
-    warm = LLM(path, threads=threads, ctx=ctx, parallel=1)
+    warm = LLM(path, threads=threads, ctx=context(reqs), parallel=1)
     warm.generate([reqs[0][0][:40]], SamplingParams(max_tokens=4, temperature=0))
-    # each request by itself, with nothing cached
     solo = LLM(
-        path, threads=threads, ctx=ctx, parallel=1, prefix_caching=False, batch_invariant=True
+        path,
+        threads=threads,
+        ctx=context(reqs),
+        parallel=1,
+        prefix_caching=False,
+        batch_invariant=True,
     )
-    alone = [
-        solo.generate([p], SamplingParams(temperature=0, max_tokens=m, ignore_eos=True))[
-            0
-        ].token_ids
-        for p, m in reqs[: max(sizes)]
-    ]
+    greedy = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for _, m in reqs]
+    return [solo.generate([p], g)[0].token_ids for (p, _), g in zip(reqs, greedy, strict=True)]
+
+
+def edgeinfer_runs(path: str, threads: int, sizes: list[int], reqs, alone) -> dict:
+    from edgeinfer import LLM
+
+    ctx = context(reqs)
     rows = {}
     for n in sizes:
         llm = LLM(
@@ -159,7 +171,7 @@ def llama_cpp_serial(path: str, threads: int, reqs) -> list[dict]:
 
     llm = llama_cpp.Llama(
         model_path=path,
-        n_ctx=max(len(p) + m for p, m in reqs) + 16,
+        n_ctx=context(reqs),
         n_batch=512,
         n_threads=threads,
         n_threads_batch=threads,
@@ -188,7 +200,26 @@ def _spawn_llama(path: str, threads: int, reqs) -> list[dict]:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def markdown(model: str, threads: int, rows: dict, llama: list[dict], turn: dict) -> str:
+def serial_tok_s(llama: list[dict], n: int) -> float:
+    """Output tok/s of llama-cpp-python serving the first n requests one after another."""
+    return sum(x["tokens"] for x in llama[:n]) / sum(x["s"] for x in llama[:n])
+
+
+def best_rounds(edge_rounds: list[dict], llama_rounds: list[list[dict]]) -> tuple[dict, dict]:
+    """-> per N, edgeinfer's fastest round (with every round's tok/s) and llama-cpp-python's
+    best tok/s."""
+    rows, llama = {}, {}
+    for n in edge_rounds[0]:
+        rows[n] = dict(max((r[n] for r in edge_rounds), key=lambda r: r["tok_s"]))
+        rows[n]["rounds_tok_s"] = [r[n]["tok_s"] for r in edge_rounds]
+        llama[n] = {
+            "tok_s": max(serial_tok_s(rs, n) for rs in llama_rounds),
+            "rounds_tok_s": [serial_tok_s(rs, n) for rs in llama_rounds],
+        }
+    return rows, llama
+
+
+def markdown(model: str, threads: int, rows: dict, llama: dict, turn: dict) -> str:
     lines = [
         f"{model}, {threads} threads; llama-cpp-python serves the same requests one by one; "
         f"prompt tokens of the first N: "
@@ -199,13 +230,20 @@ def markdown(model: str, threads: int, rows: dict, llama: list[dict], turn: dict
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for n, r in rows.items():
-        lt = sum(x["tokens"] for x in llama[:n]) / sum(x["s"] for x in llama[:n])
+        lt = llama[n]["tok_s"]
         lines.append(
             f"| {n} | {r['output_tokens']} | {r['tok_s']:.1f} | {lt:.1f} | "
             f"**{r['tok_s'] / lt:.2f}x** | {r['ttft_p50_ms']:.0f} / {r['ttft_p99_ms']:.0f} | "
             f"{r['tpot_p50_ms']:.1f} / {r['tpot_p99_ms']:.1f} | {r['peak_kv_blocks']} | "
             f"{r['preemptions']} | {r['identical']}/{n} |"
         )
+    lines += ["", "tok/s of every round (best shown above):"] + [
+        f"- N = {n}: edgeinfer "
+        + ", ".join(f"{v:.1f}" for v in r["rounds_tok_s"])
+        + "; llama.cpp "
+        + ", ".join(f"{v:.1f}" for v in llama[n]["rounds_tok_s"])
+        for n, r in rows.items()
+    ]
     c, f = turn["cached"], turn["recomputed"]
     lines += [
         "",
@@ -224,9 +262,12 @@ def main() -> None:
     ap.add_argument(
         "--max-output", type=int, default=256, help="outputs are 16 to this many tokens"
     )
+    ap.add_argument("--rounds", type=int, default=2, help="turns each engine takes")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     if args.worker:
         reqs = json.loads(sys.stdin.read())
         print(json.dumps(llama_cpp_serial(args.model, args.threads, reqs)))
@@ -238,8 +279,18 @@ def main() -> None:
     path = str(resolve_model(args.model))
     threads = kernels.set_threads(args.threads)
     reqs = requests(Tokenizer.from_gguf(path), args.max_output)[: max(args.sizes)]
-    llama = _spawn_llama(path, threads, reqs)
-    rows = edgeinfer_runs(path, threads, sorted(args.sizes), reqs)
+    alone = edgeinfer_alone(path, threads, reqs)
+    edge_rounds, llama_rounds = [], []
+    for i in range(args.rounds):
+        turns = [
+            lambda: llama_rounds.append(_spawn_llama(path, threads, reqs)),
+            lambda: edge_rounds.append(
+                edgeinfer_runs(path, threads, sorted(args.sizes), reqs, alone)
+            ),
+        ]
+        for turn in turns if i % 2 == 0 else turns[::-1]:
+            turn()
+    rows, llama = best_rounds(edge_rounds, llama_rounds)
     turn = second_turn_ttft(path, threads)
     if args.json:
         print(
@@ -249,6 +300,7 @@ def main() -> None:
                     "threads": threads,
                     "edgeinfer": rows,
                     "llama_cpp_serial": llama,
+                    "llama_cpp_serial_rounds": llama_rounds,
                     "second_turn": turn,
                 }
             )
