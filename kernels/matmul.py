@@ -45,43 +45,54 @@ def with_halves(kernel: Callable) -> Callable:
 
 
 # x: [n, in], raw: [out, row_bytes] -> out: [n, out]. Each prange item dequantizes ROW_TILE rows
-# into a float buffer, so W is unpacked once for all n; then, for each 4 of those rows (kept in
-# L1 while the activation rows stream past: faster than the other order at in = 1536), 4 rows x 2
-# activation rows per pass over `in` with float accumulators (6 loads per 8 FMAs). Ragged edges
-# repeat the last row (same arithmetic, same value stored twice): every output takes one code
-# path, so its bits do not depend on n, `out` or the threads. Inlined like `each_row`; the unit's
-# kernel is compiled with fastmath, which lets LLVM vectorize the reductions.
+# into a float buffer, so W is unpacked once for all n, then multiplies (_tile_products). Inlined
+# like `each_row`.
 @njit(cache=True, inline="always")
 def row_tile_matmul(dequantize_row, raw, halves, x, out):
     rows = raw.shape[0]
-    n, k = x.shape
+    k = x.shape[1]
     for g in prange((rows + ROW_TILE - 1) // ROW_TILE):
         r0 = g * ROW_TILE
         last = min(ROW_TILE, rows - r0) - 1
         w = np.empty((ROW_TILE, k), np.float32)
         for i in range(last + 1):
             dequantize_row(raw[r0 + i], halves, w[i])
-        for i in range(0, last + 1, 4):
-            i1, i2, i3 = min(i + 1, last), min(i + 2, last), min(i + 3, last)
-            w0, w1, w2, w3 = w[i], w[i1], w[i2], w[i3]
-            for t in range(0, n, 2):
-                t1 = min(t + 1, n - 1)
-                x0, x1 = x[t], x[t1]
-                a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
-                for j in range(k):
-                    u, v = x0[j], x1[j]
-                    a0 += w0[j] * u
-                    a1 += w1[j] * u
-                    a2 += w2[j] * u
-                    a3 += w3[j] * u
-                    b0 += w0[j] * v
-                    b1 += w1[j] * v
-                    b2 += w2[j] * v
-                    b3 += w3[j] * v
-                out[t, r0 + i], out[t, r0 + i1] = a0, a1
-                out[t, r0 + i2], out[t, r0 + i3] = a2, a3
-                out[t1, r0 + i], out[t1, r0 + i1] = b0, b1
-                out[t1, r0 + i2], out[t1, r0 + i3] = b2, b3
+        _tile_products(w, last, x, out, r0)
+
+
+# w: [ROW_TILE, in] (rows 0..last dequantized), x: [n, in] -> out[:, r0 : r0 + last + 1]. For
+# each 4 rows of w (kept in L1 while the activation rows stream past: faster than the other order
+# at in = 1536), 4 rows x 2 activation rows per pass over `in` with float accumulators (6 loads
+# per 8 FMAs). Ragged edges repeat the last row (same arithmetic, same value stored twice):
+# every output takes one code path, so its bits do not depend on n, `out` or the threads.
+# Compiled with fastmath, which lets LLVM vectorize the reductions, and on its own, not inlined
+# into the units' kernels: next to the legacy types' straight-line block dequantization
+# (simd.dequant_u4) the same loops ran 15-20 % slower at n >= 32 (in-process A/B, Q4_1
+# [3072, 576], identical inner loop); apart, every unit times the same as inlined or better.
+@njit(cache=True, fastmath=True)
+def _tile_products(w, last, x, out, r0):
+    n, k = x.shape
+    for i in range(0, last + 1, 4):
+        i1, i2, i3 = min(i + 1, last), min(i + 2, last), min(i + 3, last)
+        w0, w1, w2, w3 = w[i], w[i1], w[i2], w[i3]
+        for t in range(0, n, 2):
+            t1 = min(t + 1, n - 1)
+            x0, x1 = x[t], x[t1]
+            a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
+            for j in range(k):
+                u, v = x0[j], x1[j]
+                a0 += w0[j] * u
+                a1 += w1[j] * u
+                a2 += w2[j] * u
+                a3 += w3[j] * u
+                b0 += w0[j] * v
+                b1 += w1[j] * v
+                b2 += w2[j] * v
+                b3 += w3[j] * v
+            out[t, r0 + i], out[t, r0 + i1] = a0, a1
+            out[t, r0 + i2], out[t, r0 + i3] = a2, a3
+            out[t1, r0 + i], out[t1, r0 + i1] = b0, b1
+            out[t1, r0 + i2], out[t1, r0 + i3] = b2, b3
 
 
 def _check_x(x: np.ndarray, w: QuantWeight) -> np.ndarray:

@@ -11,31 +11,19 @@ from .block_matmul import Fused, block_matmul, parts_of
 from .floatbits import read_half
 from .matmul import each_row, row_tile_matmul, with_halves
 from .registry import QuantType, register
-from .simd import dot_u4
+from .simd import dequant_u4, dot_u4
 
 BLOCK, TYPE_SIZE = 32, 18
 i32, f32 = np.int32, np.float32
-SIXTEENTH = f32(1.0 / 16)  # a nibble's weight in the high half of its byte
+EIGHT = i32(8)
 
 
 # raw: [nb * 18] (one row) -> out: [nb * 32]
-# Flat indexing (no per-block views) and one int32 byte per step: LLVM vectorizes the 16-byte loop
-# 8 lanes wide. The high nibble is taken in place, (v & 0xF0) - 128 = 16 (q - 8), against d / 16:
-# bit-identical to d * (q - 8) (both products round the same real number; d / 16 is exact for
-# any float16 d), without the 64-bit shift-and-pack LLVM emits for Numba's `v >> 4`.
 @njit(cache=True)
 def dequantize_row(raw, halves, out):
-    nb = raw.shape[0] // TYPE_SIZE
-    half = out.shape[0] // nb // 2  # runtime count: a constant 16 gets fully unrolled, scalar
-    for b in range(nb):
+    for b in range(raw.shape[0] // TYPE_SIZE):
         i = b * TYPE_SIZE
-        o = b * BLOCK
-        d = read_half(halves, raw, i)
-        d16 = d * SIXTEENTH
-        for j in range(half):
-            v = i32(raw[i + 2 + j])
-            out[o + j] = d * f32((v & 15) - 8)
-            out[o + half + j] = d16 * f32((v & 240) - 128)
+        dequant_u4(raw, i + 2, EIGHT, read_half(halves, raw, i), None, out, b * BLOCK)
 
 
 # raw: [rows, nb * 18] -> out: [rows, nb * 32]

@@ -10,9 +10,8 @@ from numba import njit
 from .block_matmul import Fused, block_matmul, parts_of
 from .floatbits import read_half
 from .matmul import each_row, row_tile_matmul, with_halves
-from .q4_0 import SIXTEENTH
 from .registry import QuantType, register
-from .simd import dot_u4
+from .simd import dequant_u4, dot_u4
 
 BLOCK, TYPE_SIZE = 32, 20
 i32, f32 = np.int32, np.float32
@@ -20,24 +19,12 @@ ZERO = i32(0)  # no offset in the integers: the min is a float term
 
 
 # raw: [nb * 20] (one row) -> out: [nb * 32]
-# Flat indexing (no per-block views) and one int32 byte per step: LLVM vectorizes the 16-byte loop
-# 8 lanes wide. The high nibble is taken in place (v & 0xF0 = 16 q) against d / 16, which is
-# bit-identical to d * q (both products round the same real number; d / 16 is exact for any
-# float16 d) and saves the 64-bit shift-and-pack LLVM emits for Numba's `v >> 4`.
 @njit(cache=True)
 def dequantize_row(raw, halves, out):
-    nb = raw.shape[0] // TYPE_SIZE
-    half = out.shape[0] // nb // 2  # runtime count: a constant 16 gets fully unrolled, scalar
-    for b in range(nb):
+    for b in range(raw.shape[0] // TYPE_SIZE):
         i = b * TYPE_SIZE
-        o = b * BLOCK
-        d = read_half(halves, raw, i)
-        m = read_half(halves, raw, i + 2)
-        d16 = d * SIXTEENTH
-        for j in range(half):
-            v = i32(raw[i + 4 + j])
-            out[o + j] = d * f32(v & 15) + m
-            out[o + half + j] = d16 * f32(v & 240) + m
+        d, m = read_half(halves, raw, i), read_half(halves, raw, i + 2)
+        dequant_u4(raw, i + 4, ZERO, d, m, out, b * BLOCK)
 
 
 # raw: [rows, nb * 20] -> out: [rows, nb * 32]

@@ -11,46 +11,19 @@ from .block_matmul import Fused, block_matmul, parts_of
 from .floatbits import read_half
 from .matmul import each_row, row_tile_matmul, with_halves
 from .registry import QuantType, register
-from .simd import dot_u5
+from .simd import dequant_u5, dot_u5
 
 BLOCK, TYPE_SIZE = 32, 22
-i16, u16, f32 = np.int16, np.uint16, np.float32
-S16 = np.int16(16)
-U15, U4 = np.uint8(15), np.uint8(4)
-mul, band = np.multiply, np.bitwise_and
-
-
-# Bit j of the low (high) 16 bits of qh is the fifth bit of element j (j + 16): lane j of the
-# loop tests it with this table (a vector load and an and; no per-lane variable shifts).
-BITS = np.array([1 << j for j in range(16)], np.uint16)
-
-
-# w3: [rows, nb, block bytes], o: offset of qh -> its low and high 16 bits (fifth bits)
-@njit(cache=True, inline="always")
-def fifth_bits(w3, r, b, o):
-    lo = u16(w3[r, b, o]) | u16(w3[r, b, o + 1]) << u16(8)
-    hi = u16(w3[r, b, o + 2]) | u16(w3[r, b, o + 3]) << u16(8)
-    return lo, hi
+f32 = np.float32
+SIXTEEN = np.int32(16)
 
 
 # raw: [nb * 22] (one row) -> out: [nb * 32]
 @njit(cache=True)
 def dequantize_row(raw, halves, out):
-    nb = raw.shape[0] // TYPE_SIZE
-    # one row as [1, nb, block bytes], indexed (r, b) as fifth_bits takes it
-    w3 = raw.reshape(1, nb, TYPE_SIZE)
-    o3 = out.reshape(1, nb, BLOCK)
-    half = o3.shape[2] // 2  # runtime count: a constant 16 gets fully unrolled, scalar
-    r = 0
-    for b in range(nb):
-        d = read_half(halves, raw, b * TYPE_SIZE)
-        lo, hi = fifth_bits(w3, r, b, 2)
-        for j in range(half):
-            v = w3[r, b, 6 + j]
-            q = np.add(i16(band(v, U15)), mul(i16(band(lo, BITS[j]) != 0), S16))
-            o3[r, b, j] = d * f32(np.subtract(q, S16))
-            q = np.add(i16(np.right_shift(v, U4)), mul(i16(band(hi, BITS[j]) != 0), S16))
-            o3[r, b, half + j] = d * f32(np.subtract(q, S16))
+    for b in range(raw.shape[0] // TYPE_SIZE):
+        i = b * TYPE_SIZE
+        dequant_u5(raw, i + 6, i + 2, SIXTEEN, read_half(halves, raw, i), None, out, b * BLOCK)
 
 
 # raw: [rows, nb * 22] -> out: [rows, nb * 32]

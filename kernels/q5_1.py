@@ -8,31 +8,23 @@ from gguf import GGMLQuantizationType
 from numba import njit
 
 from .block_matmul import Fused, block_matmul, parts_of
-from .floatbits import load_u32, read_half
+from .floatbits import read_half
 from .matmul import each_row, row_tile_matmul, with_halves
 from .registry import QuantType, register
-from .simd import dot_u5
+from .simd import dequant_u5, dot_u5
 
 BLOCK, TYPE_SIZE = 32, 24
-u32, f32 = np.uint32, np.float32
+f32 = np.float32
 ZERO = np.int32(0)  # no offset in the integers: the min is a float term
 
 
 # raw: [nb * 24] (one row) -> out: [nb * 32]
 @njit(cache=True)
 def dequantize_row(raw, halves, out):
-    w = raw.reshape(1, raw.shape[0])  # as load_u32 takes it: (row, offset)
     for b in range(raw.shape[0] // TYPE_SIZE):
-        o = b * TYPE_SIZE
-        d = read_half(halves, raw, o)
-        m = read_half(halves, raw, o + 2)
-        qh = load_u32(w, 0, o + 4)
-        for j in range(16):
-            v = u32(raw[o + 8 + j])
-            lo = (v & u32(15)) | ((qh >> u32(j)) & u32(1)) << u32(4)
-            hi = (v >> u32(4)) | ((qh >> u32(j + 16)) & u32(1)) << u32(4)
-            out[b * 32 + j] = d * f32(lo) + m
-            out[b * 32 + 16 + j] = d * f32(hi) + m
+        i = b * TYPE_SIZE
+        d, m = read_half(halves, raw, i), read_half(halves, raw, i + 2)
+        dequant_u5(raw, i + 8, i + 4, ZERO, d, m, out, b * BLOCK)
 
 
 # raw: [rows, nb * 24] -> out: [rows, nb * 32]

@@ -8,25 +8,18 @@ from .block_matmul import Fused, block_matmul, parts_of
 from .floatbits import read_half
 from .matmul import each_row, row_tile_matmul, with_halves
 from .registry import QuantType, register
-from .simd import dot_i8
+from .simd import dequant_i8, dot_i8
 
 BLOCK, TYPE_SIZE = 32, 34
 f32 = np.float32
 
 
 # raw: [nb * 34] (one row) -> out: [nb * 32]
-# Flat indexing: per-block views ([1, nb, 34] reshapes) kept LLVM off its 8-lane loop.
 @njit(cache=True)
 def dequantize_row(raw, halves, out):
-    nb = raw.shape[0] // TYPE_SIZE
-    q = raw.view(np.int8)
-    bs = out.shape[0] // nb  # runtime count: a constant 32 gets fully unrolled and stays scalar
-    for b in range(nb):
+    for b in range(raw.shape[0] // TYPE_SIZE):
         i = b * TYPE_SIZE
-        o = b * BLOCK
-        d = read_half(halves, raw, i)
-        for j in range(bs):
-            out[o + j] = f32(q[i + 2 + j]) * d
+        dequant_i8(raw, i + 2, read_half(halves, raw, i), out, b * BLOCK)
 
 
 # raw: [rows, nb * 34] -> out: [rows, nb * 32]

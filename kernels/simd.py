@@ -259,6 +259,69 @@ def dot_u5(typingctx, acc, w, wi, hi, x, xi, minus, scale, one):
     return types.void(acc, w, wi, hi, x, xi, i32, f32, u8), codegen
 
 
+def _store_dequantized(builder, ptr, q, minus, d, m):
+    # q: <32 x i8> -> 32 floats at ptr = d * (q - minus) (+ m), each operation rounded as
+    # written: gguf's float32 expression, bit for bit
+    q = builder.sub(q, _splat(builder, builder.trunc(minus, _I8), 32))
+    w = builder.fmul(builder.sitofp(q, _vec(_F32, 32)), _splat(builder, d, 32))
+    if m is not None:
+        w = builder.fadd(w, _splat(builder, m, 32))
+    builder.store(w, builder.bitcast(ptr, w.type.as_pointer()), align=4)
+
+
+def _no_min(m):
+    return isinstance(m, (types.NoneType, types.Omitted)) or m is None
+
+
+@intrinsic
+def dequant_u4(typingctx, w, wi, minus, d, m, out, oi):
+    """out[oi : oi + 32] = d * (q - minus) + m (no `+ m` where m is None), q the 32 nibbles of
+    the 16 bytes w[wi:wi+16] (low nibbles first): a 4-bit block in straight-line vector code
+    (Numba's loop over it runs vector bodies of 8 behind runtime checks: 2.5x slower)."""
+    has_min = not _no_min(m)
+
+    def codegen(context, builder, sig, args):
+        w, wi, minus, d, m, out, oi = args
+        q = _nibbles(builder, _ptr(context, builder, sig.args[0], w, wi))
+        ptr = _ptr(context, builder, sig.args[5], out, oi)
+        _store_dequantized(builder, ptr, q, minus, d, m if has_min else None)
+        return context.get_dummy_value()
+
+    f32 = types.float32
+    return types.void(w, wi, types.int32, f32, f32 if has_min else m, out, oi), codegen
+
+
+@intrinsic
+def dequant_u5(typingctx, w, wi, hi, minus, d, m, out, oi):
+    """As dequant_u4, with bit j of the little-endian uint32 at w[hi:hi+4] as bit 4 of nibble
+    j."""
+    has_min = not _no_min(m)
+
+    def codegen(context, builder, sig, args):
+        w, wi, hi, minus, d, m, out, oi = args
+        q = _fifth_bits(builder, *(_ptr(context, builder, sig.args[0], w, i) for i in (wi, hi)))
+        ptr = _ptr(context, builder, sig.args[6], out, oi)
+        _store_dequantized(builder, ptr, q, minus, d, m if has_min else None)
+        return context.get_dummy_value()
+
+    f32 = types.float32
+    return types.void(w, wi, hi, types.int32, f32, f32 if has_min else m, out, oi), codegen
+
+
+@intrinsic
+def dequant_i8(typingctx, w, wi, d, out, oi):
+    """out[oi : oi + 32] = d * q, q the int8 bytes w[wi:wi+32]."""
+
+    def codegen(context, builder, sig, args):
+        w, wi, d, out, oi = args
+        q = _load(builder, _ptr(context, builder, sig.args[0], w, wi), _vec(_I8, 32))
+        ptr = _ptr(context, builder, sig.args[3], out, oi)
+        _store_dequantized(builder, ptr, q, ir.Constant(_I32, 0), d, None)
+        return context.get_dummy_value()
+
+    return types.void(w, wi, types.float32, out, oi), codegen
+
+
 TILE_ROWS = 4  # rows of fma_tile
 TILE_COLS = 2 * LANES  # columns of fma_tile: two vectors per row
 

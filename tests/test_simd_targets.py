@@ -78,6 +78,17 @@ def fifth_bits_module() -> ir.Module:
     return mod
 
 
+def dequant_module() -> ir.Module:
+    """What dequant_u5 does to a block with a min (dequant_u4 and dequant_i8 are its parts):
+    5-bit fields from nibbles and a bit mask, to float32 times a scale plus a min."""
+    p8 = I8.as_pointer()
+    mod, (w, hi, out, d, m), b = probe("dequant", [p8, p8, F32.as_pointer(), F32, F32])
+    q = simd._fifth_bits(b, w, hi)
+    simd._store_dequantized(b, out, q, ir.Constant(I32, 16), d, m)
+    b.ret_void()
+    return mod
+
+
 def lowered_ops(module_ir: ir.Module, triple: str, optimize: bool) -> list[str]:
     """The instruction names of module_ir compiled for triple (after LLVM's -O3 passes, as Numba
     runs them, when optimize)."""
@@ -128,4 +139,15 @@ def test_fifth_bits_unpack_as_whole_vectors_on_every_target(triple):
     assert no_library_call(ops), sorted(set(ops))
     # no per-lane bit extraction: what a bitcast of the mask to <32 x i1> became on aarch64
     # (32 sbfx, one per lane)
+    assert not {"sbfx", "ubfx"} & set(ops), sorted(set(ops))
+
+
+@pytest.mark.parametrize("triple", list(TARGETS))
+def test_block_dequantization_is_straight_vector_code_on_every_target(triple):
+    ops = lowered_ops(dequant_module(), triple, optimize=True)
+    assert no_library_call(ops), sorted(set(ops))
+    # whole vectors: 32 lanes in at most 8 conversions (4 x 8 or 8 x 4), no per-lane bit
+    # extraction (what a bitcast of the 5th-bit mask to <32 x i1> became on aarch64)
+    conversions = [op for op in ops if op.startswith(("vcvtdq2ps", "scvtf"))]
+    assert 0 < len(conversions) <= 8, sorted(set(ops))
     assert not {"sbfx", "ubfx"} & set(ops), sorted(set(ops))
