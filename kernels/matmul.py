@@ -17,9 +17,24 @@ from .weight import QuantWeight
 TILE_BYTES = 2 << 20
 
 
-# Output rows per prange item of the row-tile kernel: their float32 copy (ROW_TILE x in) stays in
-# L1/L2 while every activation row passes over it, and out = 576 still splits into 72 items.
-ROW_TILE = 8
+# The row-tile kernel's cache blocking, in bytes of float32: each prange item dequantizes as many
+# rows of W as fill TILE_W_BYTES (a multiple of 4, 8 to 32 rows), and the activation rows pass
+# over them TILE_X_BYTES at a time, so that the item's rows and the current activation rows both
+# stay in L2 while every 4 rows meet every activation row. Streaming all of x past every 4 rows
+# of a fixed 8-row tile ran 8-10 % slower at n = 512 (Q4_1 [3072, 576] and [576, 1536], in-process
+# A/B, 2 threads); out = 576 still splits into 18 items.
+TILE_W_BYTES = 128 << 10
+TILE_X_BYTES = 128 << 10
+
+
+@njit(cache=True, inline="always")
+def _tile_rows(k):
+    return max(8, min(32, 4 * (TILE_W_BYTES // (16 * k))))
+
+
+@njit(cache=True, inline="always")
+def _tile_tokens(k):
+    return max(2, 2 * (TILE_X_BYTES // (8 * k)))
 
 
 # dequantize_row: a unit's serial (raw u8[row_bytes], halves, out f32[in]) -> None, halves:
@@ -44,27 +59,29 @@ def with_halves(kernel: Callable) -> Callable:
     return call
 
 
-# x: [n, in], raw: [out, row_bytes] -> out: [n, out]. Each prange item dequantizes ROW_TILE rows
-# into a float buffer, so W is unpacked once for all n, then multiplies (_tile_products). Inlined
-# like `each_row`.
+# x: [n, in], raw: [out, row_bytes] -> out: [n, out]. Each prange item dequantizes _tile_rows
+# rows into a float buffer, so W is unpacked once for all n, then multiplies (_tile_products).
+# Inlined like `each_row`.
 @njit(cache=True, inline="always")
 def row_tile_matmul(dequantize_row, raw, halves, x, out):
     rows = raw.shape[0]
     k = x.shape[1]
-    for g in prange((rows + ROW_TILE - 1) // ROW_TILE):
-        r0 = g * ROW_TILE
-        last = min(ROW_TILE, rows - r0) - 1
-        w = np.empty((ROW_TILE, k), np.float32)
+    tile = _tile_rows(k)
+    for g in prange((rows + tile - 1) // tile):
+        r0 = g * tile
+        last = min(tile, rows - r0) - 1
+        w = np.empty((tile, k), np.float32)
         for i in range(last + 1):
             dequantize_row(raw[r0 + i], halves, w[i])
         _tile_products(w, last, x, out, r0)
 
 
-# w: [ROW_TILE, in] (rows 0..last dequantized), x: [n, in] -> out[:, r0 : r0 + last + 1]. For
-# each 4 rows of w (kept in L1 while the activation rows stream past: faster than the other order
-# at in = 1536), 4 rows x 2 activation rows per pass over `in` with float accumulators (6 loads
-# per 8 FMAs). Ragged edges repeat the last row (same arithmetic, same value stored twice):
-# every output takes one code path, so its bits do not depend on n, `out` or the threads.
+# w: [tile rows, in] (rows 0..last dequantized), x: [n, in] -> out[:, r0 : r0 + last + 1]. For
+# each block of _tile_tokens activation rows, for each 4 rows of w (kept in L1 while those
+# activation rows stream past: faster than the other order at in = 1536), 4 rows x 2 activation
+# rows per pass over `in` with float accumulators (6 loads per 8 FMAs). Ragged edges repeat the
+# last row (same arithmetic, same value stored twice): every output takes one code path, so its
+# bits do not depend on n, `out`, the blocking or the threads.
 # Compiled with fastmath, which lets LLVM vectorize the reductions, and on its own, not inlined
 # into the units' kernels: next to the legacy types' straight-line block dequantization
 # (simd.dequant_u4) the same loops ran 15-20 % slower at n >= 32 (in-process A/B, Q4_1
@@ -72,27 +89,29 @@ def row_tile_matmul(dequantize_row, raw, halves, x, out):
 @njit(cache=True, fastmath=True)
 def _tile_products(w, last, x, out, r0):
     n, k = x.shape
-    for i in range(0, last + 1, 4):
-        i1, i2, i3 = min(i + 1, last), min(i + 2, last), min(i + 3, last)
-        w0, w1, w2, w3 = w[i], w[i1], w[i2], w[i3]
-        for t in range(0, n, 2):
-            t1 = min(t + 1, n - 1)
-            x0, x1 = x[t], x[t1]
-            a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
-            for j in range(k):
-                u, v = x0[j], x1[j]
-                a0 += w0[j] * u
-                a1 += w1[j] * u
-                a2 += w2[j] * u
-                a3 += w3[j] * u
-                b0 += w0[j] * v
-                b1 += w1[j] * v
-                b2 += w2[j] * v
-                b3 += w3[j] * v
-            out[t, r0 + i], out[t, r0 + i1] = a0, a1
-            out[t, r0 + i2], out[t, r0 + i3] = a2, a3
-            out[t1, r0 + i], out[t1, r0 + i1] = b0, b1
-            out[t1, r0 + i2], out[t1, r0 + i3] = b2, b3
+    block = _tile_tokens(k)
+    for t0 in range(0, n, block):
+        for i in range(0, last + 1, 4):
+            i1, i2, i3 = min(i + 1, last), min(i + 2, last), min(i + 3, last)
+            w0, w1, w2, w3 = w[i], w[i1], w[i2], w[i3]
+            for t in range(t0, min(t0 + block, n), 2):
+                t1 = min(t + 1, n - 1)
+                x0, x1 = x[t], x[t1]
+                a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
+                for j in range(k):
+                    u, v = x0[j], x1[j]
+                    a0 += w0[j] * u
+                    a1 += w1[j] * u
+                    a2 += w2[j] * u
+                    a3 += w3[j] * u
+                    b0 += w0[j] * v
+                    b1 += w1[j] * v
+                    b2 += w2[j] * v
+                    b3 += w3[j] * v
+                out[t, r0 + i], out[t, r0 + i1] = a0, a1
+                out[t, r0 + i2], out[t, r0 + i3] = a2, a3
+                out[t1, r0 + i], out[t1, r0 + i1] = b0, b1
+                out[t1, r0 + i2], out[t1, r0 + i3] = b2, b3
 
 
 def _check_x(x: np.ndarray, w: QuantWeight) -> np.ndarray:

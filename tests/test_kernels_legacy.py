@@ -151,7 +151,8 @@ def test_matmul_accuracy(qtype):
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_row_tile_matmul(qtype):
-    # 301 rows = 37 tiles of 8 + 5, and 6 rows: less than one tile of 4 x 2 blocks
+    # at in = 576, 301 rows = 9 tiles of 32 + 13, and 6 rows: less than one tile or one group
+    # of 4 rows; check_row_tile_matmul's 192-row call crosses blocks of 56 activation rows
     rng = np.random.default_rng(int(qtype) + 17)
     block, _ = GGML_QUANT_SIZES[qtype]
     for out_dim in (301, 6):
