@@ -54,14 +54,3 @@ def half_to_float(h):
 def bf16_to_float(h):
     """h: bfloat16 bits -> float32 (bfloat16 is the top half of a float32)."""
     return np.uint32(np.uint32(h) << np.uint32(16)).view(np.float32)
-
-
-@njit(cache=True, inline="always")
-def load_u32(raw, row, off):
-    """raw: uint8[rows, row_bytes]; the little-endian uint32 at byte `off` of `row`."""
-    return (
-        np.uint32(raw[row, off])
-        | np.uint32(raw[row, off + 1]) << np.uint32(8)
-        | np.uint32(raw[row, off + 2]) << np.uint32(16)
-        | np.uint32(raw[row, off + 3]) << np.uint32(24)
-    )
