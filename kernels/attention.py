@@ -14,10 +14,12 @@ float32 as they are read) or as float32. A sequence's block-table row maps its l
 scale), writes every new K/V row into its slot, then each token attends to its own sequence's
 positions <= its own (causal) and, with a sliding window w, > position - w.
 
-Work is split into items (query tile, KV head, key chunk). A tile is up to TILE consecutive
+Work is split into items (query tile, KV heads, key chunk). A tile is up to TILE consecutive
 tokens of one sequence (a prefill run), so each K/V block is read (and widened) once per tile
 rather than once per token; the query heads sharing a KV head (GQA group) share it too: the
-tile's (token, head) rows go four at a time through every block. The key range is
+tile's (token, head) rows go four at a time through every block. With enough tiles an item
+takes every KV head, and reads each block's heads as one stretch of memory; with few, one KV
+head, so that the threads still share the work. The key range is
 always cut into chunks of SPLIT_BLOCKS blocks at fixed positions (block index //
 SPLIT_BLOCKS). Within a chunk the softmax takes three passes (all scores, then each row's max
 and weights over the whole chunk at once, then the values; keys a token does not see get weight
@@ -46,6 +48,9 @@ SPLIT_BLOCKS = 32
 # Preparing a token (RoPE angles, norms, the cache write) costs ~1.5 us: below this many tokens
 # a parallel region costs more than it saves.
 PARALLEL_PREPARE_MIN = 32
+# (tile, key chunk) pairs from which an item takes all KV heads (see _over_blocks): 16
+# decoding sequences make 16 items of 3 heads for 2 threads; 4 keep 12 of one head.
+HEADS_TOGETHER_MIN = 8
 PARALLEL_MERGE_MIN = 8
 PREFETCH_BLOCKS = 2
 # Reassociation and no-NaN let the max over a row of scores vectorize (the products are
@@ -195,17 +200,23 @@ def _tile(count, add, c, c_rows, a, a_rows, b, b_at, b_step, depth):
         fma_tile(1, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
 
 
-# One pass over the chunk's blocks of `cache` (K, or V where values), each row group that sees a
-# block against it (read in place where direct, else widened into buf first): the scores
-# p[r, j] of row r's query (at q_at[r] in q) against key j, or the weighted sums
-# out[r, :] += p[r, j] * value j. Rows r: see _attend.
+# One pass over the chunk's blocks of `cache` (K, or V where values), for KV heads h0..h1-1:
+# each row group that sees a block against it (read in place where direct, else widened into
+# buf first): the scores p[r, j] of row r's query (at q_at[r] in q) against key j, or the
+# weighted sums out[r, :] += p[r, j] * value j. Rows r: see _attend (head_rows rows per head).
+# Heads inside blocks: a block's heads are one stretch of the cache (3 x 2 KB for SmolLM2),
+# which DRAM serves about twice as fast as the same bytes read a head's 2 KB at a time.
 @njit(cache=True, inline="always")
-def _over_blocks(values, q, q_at, p, out, cache, buf, direct, h, table, b_start, b_end, lo, hi, G):
+def _over_blocks(
+    values, q, q_at, p, out, cache, buf, direct, h0, h1, head_rows, table, b_start, b_end, lo,
+    hi, G,
+):  # fmt: skip
     nkv = cache.shape[1]
     bs = cache.shape[2] if values else cache.shape[3]
-    rows, n_keys = p.shape
+    n_keys = p.shape[1]
     width = out.shape[1] if values else bs  # columns of a pass: value columns or keys
     block = cache.shape[2] * cache.shape[3]
+    span = (h1 - h0) * block  # the heads' stretch of one block
     line = LINE // cache.itemsize
     step = cache.shape[3] if direct else buf.shape[1]  # b's row stride for fma_tile
     for b in range(b_start, b_end):
@@ -216,31 +227,35 @@ def _over_blocks(values, q, q_at, p, out, cache, buf, direct, h, table, b_start,
         # after several misses.
         first_ahead = b + 1 if b == b_start else b + PREFETCH_BLOCKS
         for ahead in range(first_ahead, min(b + PREFETCH_BLOCKS + 1, b_end)):
-            nxt = (table[ahead] * nkv + h) * block
-            for k in range(0, block, line):
+            nxt = (table[ahead] * nkv + h0) * block
+            for k in range(0, span, line):
                 prefetch(cache, nxt + k)
-        if not direct:
-            _widen(cache, blk, h, buf)
-        at = (blk * nkv + h) * block  # cache[blk, h, 0, 0]
-        for r0 in range(0, rows, TILE_ROWS):
-            count = min(TILE_ROWS, rows - r0)
-            if not _rows_see(lo, hi, r0, count, G, j0, bs):
-                continue
-            q_rows = (q_at[r0], q_at[r0 + 1], q_at[r0 + 2], q_at[r0 + 3])
-            for c in range(0, width, TILE_COLS):
-                b_at = at + c if direct else c
-                if values:
-                    o_rows, p_rows = _four(r0, width, c), _four(r0, n_keys, j0)
-                    if direct:
-                        _tile(count, True, out, o_rows, p, p_rows, cache, b_at, step, bs)
+        for h in range(h0, h1):
+            if not direct:
+                _widen(cache, blk, h, buf)
+            at = (blk * nkv + h) * block  # cache[blk, h, 0, 0]
+            head_row = (h - h0) * head_rows
+            for r0 in range(0, head_rows, TILE_ROWS):
+                count = min(TILE_ROWS, head_rows - r0)
+                if not _rows_see(lo, hi, r0, count, G, j0, bs):
+                    continue
+                g0 = head_row + r0
+                q_rows = (q_at[g0], q_at[g0 + 1], q_at[g0 + 2], q_at[g0 + 3])
+                for c in range(0, width, TILE_COLS):
+                    b_at = at + c if direct else c
+                    if values:
+                        o_rows, p_rows = _four(g0, width, c), _four(g0, n_keys, j0)
+                        if direct:
+                            _tile(count, True, out, o_rows, p, p_rows, cache, b_at, step, bs)
+                        else:
+                            _tile(count, True, out, o_rows, p, p_rows, buf, b_at, step, bs)
                     else:
-                        _tile(count, True, out, o_rows, p, p_rows, buf, b_at, step, bs)
-                else:
-                    s_rows = _four(r0, n_keys, j0 + c)
-                    if direct:
-                        _tile(count, False, p, s_rows, q, q_rows, cache, b_at, step, q.shape[2])
-                    else:
-                        _tile(count, False, p, s_rows, q, q_rows, buf, b_at, step, q.shape[2])
+                        s_rows = _four(g0, n_keys, j0 + c)
+                        dk = q.shape[2]
+                        if direct:
+                            _tile(count, False, p, s_rows, q, q_rows, cache, b_at, step, dk)
+                        else:
+                            _tile(count, False, p, s_rows, q, q_rows, buf, b_at, step, dk)
 
 
 # -> the offsets of rows r0 .. r0 + 3 of a flat [rows, stride] array, plus at
@@ -251,22 +266,25 @@ def _four(r0, stride, at):
 
 @njit(cache=True, fastmath=_FAST)
 def _attend(
-    q, t0, t1, positions, window, h, kc, vc, table, b_start, b_end, slot, m_kept, l_kept,
-    acc_kept,
+    q, t0, t1, positions, window, h0, h1, kc, vc, table, b_start, b_end, slot, slot_step,
+    m_kept, l_kept, acc_kept,
 ):  # fmt: skip
-    # Tokens t0..t1-1 (one sequence, consecutive positions), query heads h*G..(h+1)*G-1 of
-    # q: [n, nh, dk] against the keys of KV head h in logical blocks [b_start, b_end) of
-    # block-table row `table` -> the chunk's softmax state per (token in tile, head in group)
-    # at [slot, :t1 - t0] of m_kept, l_kept: [items, longest tile, G] (max score, sum of
-    # exp(score - max)) and acc_kept: [items, longest tile, G, dv] (unnormalised weighted values).
+    # Tokens t0..t1-1 (one sequence, consecutive positions), for each KV head h in h0..h1-1
+    # query heads h*G..(h+1)*G-1 of q: [n, nh, dk] against the keys of KV head h in logical
+    # blocks [b_start, b_end) of block-table row `table` -> the chunk's softmax state per
+    # (token in tile, head in group) at [slot + (h - h0) * slot_step, :t1 - t0] of m_kept,
+    # l_kept: [slots, longest tile, G] (max score, sum of exp(score - max)) and acc_kept:
+    # [slots, longest tile, G, dv] (unnormalised weighted values).
     # Three passes over the chunk: every score, then each row's max and weights, then the
     # values. A chunk is at most SPLIT_BLOCKS blocks, so its scores stay in L2.
-    # Row r = i * G + g is token t0 + i's query head h * G + g; rows go through simd.fma_tile
-    # up to four at a time, against 16 keys (scores) or 16 value columns per pass.
+    # Row (h - h0) * head_rows + i * G + g is token t0 + i's query head h * G + g; a head's rows
+    # go through simd.fma_tile up to four at a time, against 16 keys (scores) or 16 value
+    # columns per pass. Each head's numbers are the same whichever heads share the call.
     G = m_kept.shape[2]
     nh, dk = q.shape[1], q.shape[2]
     bs, dv = vc.shape[2], vc.shape[3]
-    rows = (t1 - t0) * G
+    head_rows = (t1 - t0) * G
+    rows = (h1 - h0) * head_rows
     n_keys = (b_end - b_start) * bs
     first = b_start * bs  # position of the chunk's first key
     val_cols = -(-dv // TILE_COLS) * TILE_COLS
@@ -274,15 +292,16 @@ def _attend(
     # in registers. A longer tile widens each block once, into buffers, for all of its groups
     # (V's zero-padded to whole tiles). The arithmetic is the same either way, so a token's
     # bits do not depend on it.
-    direct_k = rows <= TILE_ROWS
-    direct_v = rows <= TILE_ROWS and dv == val_cols
+    direct_k = head_rows <= TILE_ROWS
+    direct_v = head_rows <= TILE_ROWS and dv == val_cols
     kf = np.empty((0 if direct_k else dk, bs), np.float32)
     vf = np.zeros((0 if direct_v else bs, val_cols), np.float32)
     p = np.empty((rows, n_keys), np.float32)
     out = np.zeros((rows, val_cols), np.float32)
     q_at = np.empty(rows + TILE_ROWS, np.int64)  # flat offset of each row's query in q
     for r in range(rows):
-        q_at[r] = ((t0 + r // G) * nh + h * G + r % G) * dk
+        h, hr = h0 + r // head_rows, r % head_rows
+        q_at[r] = ((t0 + hr // G) * nh + h * G + hr % G) * dk
     q_at[rows:] = q_at[0]  # offsets past the last row: passed, never read
     # token t0 + i sees the chunk's keys lo[i] <= j < hi[i] (causal, inside its window)
     lo = np.empty(t1 - t0, np.int64)
@@ -291,15 +310,17 @@ def _attend(
         hi[i] = min(positions[t0 + i] + 1 - first, n_keys)
         lo[i] = max(positions[t0 + i] - window + 1 - first, 0) if window > 0 else 0
     _over_blocks(
-        False, q, q_at, p, out, kc, kf, direct_k, h, table, b_start, b_end, lo, hi, G,
+        False, q, q_at, p, out, kc, kf, direct_k, h0, h1, head_rows, table, b_start, b_end, lo,
+        hi, G,
     )  # fmt: skip
     lanes = np.empty(TILE_COLS, np.float32)
     for r in range(rows):
-        i, g = r // G, r % G
+        at = slot + (r // head_rows) * slot_step
+        i, g = (r % head_rows) // G, r % G
         a, e = lo[i], hi[i]
         row = p[r]
-        m_kept[slot, i, g] = _NEG_INF
-        l_kept[slot, i, g] = 0.0
+        m_kept[at, i, g] = _NEG_INF
+        l_kept[at, i, g] = 0.0
         if e <= a:
             row[:] = 0.0  # no key of this chunk is visible: the state stays empty
             continue
@@ -318,23 +339,25 @@ def _attend(
             for k in range(TILE_COLS):
                 lanes[k] += row[j0 + k]
         total = _sum_lanes(lanes)
-        m_kept[slot, i, g] = mx
-        l_kept[slot, i, g] = total
+        m_kept[at, i, g] = mx
+        l_kept[at, i, g] = total
     _over_blocks(
-        True, q, q_at, p, out, vc, vf, direct_v, h, table, b_start, b_end, lo, hi, G,
+        True, q, q_at, p, out, vc, vf, direct_v, h0, h1, head_rows, table, b_start, b_end, lo,
+        hi, G,
     )  # fmt: skip
     for r in range(rows):
+        at = slot + (r // head_rows) * slot_step
         for c in range(dv):
-            acc_kept[slot, r // G, r % G, c] = out[r, c]
+            acc_kept[at, (r % head_rows) // G, r % G, c] = out[r, c]
 
 
 @njit(cache=True, fastmath=_FAST)
-def _merge(t, h, tiles, first_item, n_chunks, m, l, acc, out):
+def _merge(t, h, tiles, first_slot, n_chunks, m, l, acc, out):
     # Combine the chunk states of (token t, KV head h) into out[t]'s heads of that group.
     G, dv = m.shape[2], acc.shape[3]
     i = np.searchsorted(tiles[:, 0], t, side="right") - 1
     r = t - tiles[i, 0]
-    base = first_item[i] + h * n_chunks[i]
+    base = first_slot[i] + h * n_chunks[i]
     for g in range(G):
         mx = _NEG_INF
         for c in range(n_chunks[i]):
@@ -357,30 +380,33 @@ def _merge(t, h, tiles, first_item, n_chunks, m, l, acc, out):
 
 @njit(cache=True, fastmath=_FAST)
 def _item(
-    item, tiles, n_chunks, first_item, q, positions, window, kc, vc, block_tables, seq_rows,
+    item, tiles, n_chunks, first_slot, q, positions, window, kc, vc, block_tables, seq_rows,
     m_kept, l_kept, acc_kept,
 ):  # fmt: skip
-    # One (tile, KV head, key chunk): its partial softmax state, kept at the item's index in
-    # the unshuffled order for _merge.
+    # One (tile, KV heads, key chunk): its partial softmax states, kept at each (tile, head,
+    # chunk)'s slot for _merge.
     # (Its own function: array expressions in a parallel=True body become parallel regions.)
-    i, h, c = item[0], item[1], item[2]
+    i, h0, h1, c = item[0], item[1], item[2], item[3]
     t0, t1 = tiles[i, 0], tiles[i, 1]
     bs = vc.shape[2]
     chunk = tiles[i, 2] // SPLIT_BLOCKS + c
     b_start = max(tiles[i, 2], chunk * SPLIT_BLOCKS)
     b_end = min((chunk + 1) * SPLIT_BLOCKS, positions[t1 - 1] // bs + 1)
-    slot = first_item[i] + h * n_chunks[i] + c
+    slot = first_slot[i] + h0 * n_chunks[i] + c
     _attend(
-        q, t0, t1, positions, window, h, kc, vc, block_tables[seq_rows[t0]], b_start, b_end,
-        slot, m_kept, l_kept, acc_kept,
+        q, t0, t1, positions, window, h0, h1, kc, vc, block_tables[seq_rows[t0]], b_start,
+        b_end, slot, n_chunks[i], m_kept, l_kept, acc_kept,
     )  # fmt: skip
 
 
 @njit(cache=True)
 def _plan(seq_rows, positions, window, bs, nkv):
     # -> tiles: int64[n_tiles, 3] (t0, t1, first block), chunks per tile, each tile's first
-    # item, and item -> (tile, head, chunk) in an order that interleaves long and short items
-    # so prange's contiguous halves get similar work.
+    # slot (slot of (tile i, head h, chunk c): first_slot[i] + h * chunks + c), and item ->
+    # (tile, first head, end head, chunk) in an order that interleaves long and short items so
+    # prange's contiguous halves get similar work. An item takes every KV head once there are
+    # HEADS_TOGETHER_MIN (tile, chunk) pairs, else one (fewer pairs than that would leave
+    # threads idle).
     n = positions.shape[0]
     starts = [0]
     for t in range(1, n):
@@ -403,23 +429,25 @@ def _plan(seq_rows, positions, window, bs, nkv):
     for i in range(n_tiles):
         last_block = positions[tiles[i, 1] - 1] // bs
         n_chunks[i] = last_block // SPLIT_BLOCKS - tiles[i, 2] // SPLIT_BLOCKS + 1
-    n_items = n_chunks.sum() * nkv
-    items = np.empty((n_items, 3), np.int64)
+    heads = nkv if n_chunks.sum() >= HEADS_TOGETHER_MIN else 1
+    n_items = n_chunks.sum() * (nkv // heads)
+    items = np.empty((n_items, 4), np.int64)
     k = 0
     for i in range(n_tiles):
-        for h in range(nkv):
+        for h in range(0, nkv, heads):
             for c in range(n_chunks[i]):
                 items[k, 0] = i
                 items[k, 1] = h
-                items[k, 2] = c
+                items[k, 2] = h + heads
+                items[k, 3] = c
                 k += 1
     order = np.empty(n_items, np.int64)
     for k in range(n_items):
         order[k] = k // 2 if k % 2 == 0 else n_items - 1 - k // 2
-    first_item = np.zeros(n_tiles + 1, np.int64)
+    first_slot = np.zeros(n_tiles + 1, np.int64)
     for i in range(n_tiles):
-        first_item[i + 1] = first_item[i] + n_chunks[i] * nkv
-    return tiles, n_chunks, first_item, items[order]
+        first_slot[i + 1] = first_slot[i] + n_chunks[i] * nkv
+    return tiles, n_chunks, first_slot, items[order]
 
 
 @njit(parallel=True, cache=True)
@@ -457,26 +485,27 @@ def _self_attention(
                 qkv, t, q_norm, k_norm, eps, positions[t], inv_freq, neox, q_scale, kc, vc,
                 slots[t], q,
             )  # fmt: skip
-    tiles, n_chunks, first_item, items = _plan(seq_rows, positions, window, bs, nkv)
+    tiles, n_chunks, first_slot, items = _plan(seq_rows, positions, window, bs, nkv)
     n_items = items.shape[0]
     longest = 1  # tokens in the longest tile: 1 in a step of decoding tokens only
     for i in range(tiles.shape[0]):
         longest = max(longest, tiles[i, 1] - tiles[i, 0])
-    m_kept = np.empty((n_items, longest, G), np.float32)
-    l_kept = np.empty((n_items, longest, G), np.float32)
-    acc_kept = np.empty((n_items, longest, G, dv), np.float32)
+    n_slots = first_slot[tiles.shape[0]]
+    m_kept = np.empty((n_slots, longest, G), np.float32)
+    l_kept = np.empty((n_slots, longest, G), np.float32)
+    acc_kept = np.empty((n_slots, longest, G, dv), np.float32)
     for k in prange(n_items):
         _item(
-            items[k], tiles, n_chunks, first_item, q, positions, window, kc, vc, block_tables,
+            items[k], tiles, n_chunks, first_slot, q, positions, window, kc, vc, block_tables,
             seq_rows, m_kept, l_kept, acc_kept,
         )  # fmt: skip
     # Decode-sized loops run serially: a parallel region costs more than their work.
     if n * nkv < PARALLEL_MERGE_MIN:
         for th in range(n * nkv):
-            _merge(th // nkv, th % nkv, tiles, first_item, n_chunks, m_kept, l_kept, acc_kept, out)
+            _merge(th // nkv, th % nkv, tiles, first_slot, n_chunks, m_kept, l_kept, acc_kept, out)
     else:
         for th in prange(n * nkv):
-            _merge(th // nkv, th % nkv, tiles, first_item, n_chunks, m_kept, l_kept, acc_kept, out)
+            _merge(th // nkv, th % nkv, tiles, first_slot, n_chunks, m_kept, l_kept, acc_kept, out)
     return out
 
 

@@ -180,7 +180,8 @@ def test_decode_gqa_one_kv_head_long_window():
 def test_a_tokens_bits_do_not_depend_on_how_its_sequence_was_split(bs, window):
     # What a batch-invariant engine relies on: a token's output is the same bits whether its
     # sequence came in one prefill, in chunks or one token at a time (other tiles, other chunk
-    # lengths, one key chunk or three), also with two rows of 16 keys per block.
+    # lengths, one key chunk or three, work items of all KV heads or of one), also with two rows
+    # of 16 keys per block.
     rng = np.random.default_rng(bs + window)
     nh, nkv, dk, n = 4, 2, 32, 2 * SPLIT_BLOCKS * bs + 40
     qkv = rng.standard_normal((n, (nh + 2 * nkv) * dk)).astype(np.float32)
