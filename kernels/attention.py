@@ -18,8 +18,9 @@ Work is split into items (query tile, KV heads, key chunk). A tile is up to TILE
 tokens of one sequence (a prefill run), so each K/V block is read (and widened) once per tile
 rather than once per token; the query heads sharing a KV head (GQA group) share it too: the
 tile's (token, head) rows go four at a time through every block. With enough tiles an item
-takes every KV head, and reads each block's heads as one stretch of memory; with few, one KV
-head, so that the threads still share the work. The key range is
+of few tokens (decoding ones) takes every KV head, and reads each block's heads as one stretch
+of memory; otherwise one KV head, so that the threads still share the work and a prefill
+tile's scores stay in L2. The key range is
 always cut into chunks of SPLIT_BLOCKS blocks at fixed positions (block index //
 SPLIT_BLOCKS). Within a chunk the softmax takes three passes (all scores, then each row's max
 and weights over the whole chunk at once, then the values; keys a token does not see get weight
@@ -48,8 +49,8 @@ SPLIT_BLOCKS = 32
 # Preparing a token (RoPE angles, norms, the cache write) costs ~1.5 us: below this many tokens
 # a parallel region costs more than it saves.
 PARALLEL_PREPARE_MIN = 32
-# (tile, key chunk) pairs from which an item takes all KV heads (see _over_blocks): 16
-# decoding sequences make 16 items of 3 heads for 2 threads; 4 keep 12 of one head.
+# (tile, key chunk) pairs from which an item may take all KV heads (see _over_blocks, _plan):
+# 16 decoding sequences make 16 items of 3 heads for 2 threads; 4 keep 12 of one head.
 HEADS_TOGETHER_MIN = 8
 PARALLEL_MERGE_MIN = 8
 PREFETCH_BLOCKS = 2
@@ -213,7 +214,7 @@ def _over_blocks(
 ):  # fmt: skip
     nkv = cache.shape[1]
     bs = cache.shape[2] if values else cache.shape[3]
-    n_keys = p.shape[1]
+    n_keys, dk = p.shape[1], q.shape[2]
     width = out.shape[1] if values else bs  # columns of a pass: value columns or keys
     block = cache.shape[2] * cache.shape[3]
     span = (h1 - h0) * block  # the heads' stretch of one block
@@ -251,7 +252,6 @@ def _over_blocks(
                             _tile(count, True, out, o_rows, p, p_rows, buf, b_at, step, bs)
                     else:
                         s_rows = _four(g0, n_keys, j0 + c)
-                        dk = q.shape[2]
                         if direct:
                             _tile(count, False, p, s_rows, q, q_rows, cache, b_at, step, dk)
                         else:
@@ -405,8 +405,9 @@ def _plan(seq_rows, positions, window, bs, nkv):
     # slot (slot of (tile i, head h, chunk c): first_slot[i] + h * chunks + c), and item ->
     # (tile, first head, end head, chunk) in an order that interleaves long and short items so
     # prange's contiguous halves get similar work. An item takes every KV head once there are
-    # HEADS_TOGETHER_MIN (tile, chunk) pairs, else one (fewer pairs than that would leave
-    # threads idle).
+    # HEADS_TOGETHER_MIN (tile, chunk) pairs (fewer would leave threads idle) and its tile's
+    # tokens times KV heads are at most TILE, else one: its scores then never outgrow those of
+    # one head over a whole tile, which stay in L2 (see _attend).
     n = positions.shape[0]
     starts = [0]
     for t in range(1, n):
@@ -429,16 +430,20 @@ def _plan(seq_rows, positions, window, bs, nkv):
     for i in range(n_tiles):
         last_block = positions[tiles[i, 1] - 1] // bs
         n_chunks[i] = last_block // SPLIT_BLOCKS - tiles[i, 2] // SPLIT_BLOCKS + 1
-    heads = nkv if n_chunks.sum() >= HEADS_TOGETHER_MIN else 1
-    n_items = n_chunks.sum() * (nkv // heads)
+    together = n_chunks.sum() >= HEADS_TOGETHER_MIN
+    heads = np.ones(n_tiles, np.int64)
+    for i in range(n_tiles):
+        if together and (tiles[i, 1] - tiles[i, 0]) * nkv <= TILE:
+            heads[i] = nkv
+    n_items = (n_chunks * (nkv // heads)).sum()
     items = np.empty((n_items, 4), np.int64)
     k = 0
     for i in range(n_tiles):
-        for h in range(0, nkv, heads):
+        for h in range(0, nkv, heads[i]):
             for c in range(n_chunks[i]):
                 items[k, 0] = i
                 items[k, 1] = h
-                items[k, 2] = h + heads
+                items[k, 2] = h + heads[i]
                 items[k, 3] = c
                 k += 1
     order = np.empty(n_items, np.int64)

@@ -8,7 +8,7 @@ float16 and float32 caches, and the split-key (flash-decoding) path for a lone l
 import numpy as np
 import pytest
 
-from edgeinfer.kernels.attention import SPLIT_BLOCKS, self_attention
+from edgeinfer.kernels.attention import HEADS_TOGETHER_MIN, SPLIT_BLOCKS, _plan, self_attention
 from edgeinfer.kernels.rope import rope_inv_freq
 
 BS = 16
@@ -180,8 +180,7 @@ def test_decode_gqa_one_kv_head_long_window():
 def test_a_tokens_bits_do_not_depend_on_how_its_sequence_was_split(bs, window):
     # What a batch-invariant engine relies on: a token's output is the same bits whether its
     # sequence came in one prefill, in chunks or one token at a time (other tiles, other chunk
-    # lengths, one key chunk or three, work items of all KV heads or of one), also with two rows
-    # of 16 keys per block.
+    # lengths, one key chunk or three), also with two rows of 16 keys per block.
     rng = np.random.default_rng(bs + window)
     nh, nkv, dk, n = 4, 2, 32, 2 * SPLIT_BLOCKS * bs + 40
     qkv = rng.standard_normal((n, (nh + 2 * nkv) * dk)).astype(np.float32)
@@ -203,6 +202,39 @@ def test_a_tokens_bits_do_not_depend_on_how_its_sequence_was_split(bs, window):
     whole = run([n])
     np.testing.assert_array_equal(run([1] * n), whole)
     np.testing.assert_array_equal(run([37, 5, 60, 1, n - 103]), whole)
+
+
+@pytest.mark.parametrize("window", [0, 30])
+def test_a_decode_tokens_bits_do_not_depend_on_its_items_heads(window):
+    # Decoding next to enough other sequences, a token's item covers all KV heads; alone, one
+    # KV head per item. Both give the same bits.
+    rng = np.random.default_rng(window + 5)
+    nh, nkv, dk = 9, 3, 32
+    lengths = [int(x) for x in rng.integers(20, 700, HEADS_TOGETHER_MIN + 1)]
+    qkvs = [rng.standard_normal((n, (nh + 2 * nkv) * dk)).astype(np.float32) for n in lengths]
+    none = np.zeros(0, np.float32)
+    inv_freq = rope_inv_freq(dk, 10000.0)
+    cache = Paged(lengths, nkv, dk, dk, np.uint16, np.random.default_rng(0))
+
+    def attend(spans):
+        rows, pos, slots = cache.batch(spans)
+        qkv = np.concatenate([qkvs[s][a:b] for s, a, b in spans])
+        items = _plan(rows, pos, window, BS, nkv)[3]
+        heads = set((items[:, 2] - items[:, 1]).tolist())
+        out = self_attention(
+            qkv, none, none, 1e-6, inv_freq, True, dk**-0.5, window, cache.k, cache.v,
+            cache.tables, rows, pos, slots, nh,
+        )  # fmt: skip
+        return out, heads
+
+    for s, n in enumerate(lengths):
+        attend([(s, 0, n - 1)])
+    together, heads = attend([(s, n - 1, n) for s, n in enumerate(lengths)])
+    assert heads == {nkv}
+    for s, n in enumerate(lengths):
+        alone, heads = attend([(s, n - 1, n)])
+        assert heads == {1}
+        np.testing.assert_array_equal(alone[0], together[s])
 
 
 def attend_once(cache, rng):
