@@ -11,6 +11,9 @@ Both sides use a float16 KV cache. Also: the runner's error handling and batchin
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -43,21 +46,8 @@ GREEDY_PROMPTS = [
     "Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday, Monday, Tuesday,",
 ]
 
-PROMPTS = [
-    "The history of the printing press begins in the fifteenth century, when Johannes "
-    "Gutenberg combined movable metal type, oil-based ink and a wooden screw press. Within a "
-    "few decades, printing shops had spread across Europe, and the cost of books fell sharply.",
-    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n    a, b = 0, 1\n'
-    "    for _ in range(n):\n        a, b = b, a + b\n    return a\n\n\nif __name__ == "
-    '"__main__":\n    for i in range(10):\n        print(i, fibonacci(i))\n',
-    "Recipe for a simple tomato soup: chop two onions and three cloves of garlic, soften them in "
-    "olive oil, add a kilogram of ripe tomatoes, a pinch of salt and a litre of stock, simmer "
-    "for twenty minutes, then blend until smooth and season with black pepper and fresh basil.",
-    "Q: What is the capital of France?\nA: Paris. Q: What is the capital of Italy?\nA: Rome.\n"
-    "Q: What is the largest planet in the solar "
-    "system?\nA: Jupiter.\nQ: Who wrote the play Romeo and Juliet?\nA: William Shakespeare.\n"
-    "Q: What is the boiling point of water at sea level in degrees Celsius?\nA:",
-]
+# varied text, >= 256 positions in all; bench/parity.py reads the same file
+PROMPTS = json.loads((Path(__file__).parent / "data" / "parity_prompts.json").read_text())
 
 
 def oracle(path, n_ctx: int):
