@@ -10,6 +10,7 @@ from numba import njit, prange
 from . import threads
 from .block_matmul import Fused
 from .floatbits import HALF_TABLE
+from .simd import DOT_COLS, DOT_ROWS, dot_tile
 from .weight import QuantWeight
 
 # Rows of W dequantized per BLAS call in the large-n path: a float32 tile of about this many bytes
@@ -18,23 +19,23 @@ TILE_BYTES = 2 << 20
 
 
 # The row-tile kernel's cache blocking, in bytes of float32: each prange item dequantizes as many
-# rows of W as fill TILE_W_BYTES (a multiple of 4, 8 to 32 rows), and the activation rows pass
-# over them TILE_X_BYTES at a time, so that the item's rows and the current activation rows both
-# stay in L2 while every 4 rows meet every activation row. Streaming all of x past every 4 rows
+# rows of W as fill TILE_W_BYTES (2 to 6 groups of DOT_ROWS), and the activation rows pass over
+# them TILE_X_BYTES at a time, so that the item's rows and the current activation rows both stay
+# in L2 while every DOT_ROWS rows meet every activation row. Streaming all of x past every 4 rows
 # of a fixed 8-row tile ran 8-10 % slower at n = 512 (Q4_1 [3072, 576] and [576, 1536], in-process
-# A/B, 2 threads); out = 576 still splits into 18 items.
+# A/B, 2 threads); out = 576 still splits into 20 items.
 TILE_W_BYTES = 128 << 10
 TILE_X_BYTES = 128 << 10
 
 
 @njit(cache=True, inline="always")
 def _tile_rows(k):
-    return max(8, min(32, 4 * (TILE_W_BYTES // (16 * k))))
+    return DOT_ROWS * max(2, min(6, TILE_W_BYTES // (4 * DOT_ROWS * k)))
 
 
 @njit(cache=True, inline="always")
 def _tile_tokens(k):
-    return max(2, 2 * (TILE_X_BYTES // (8 * k)))
+    return max(DOT_COLS, DOT_COLS * (TILE_X_BYTES // (4 * DOT_COLS * k)))
 
 
 # dequantize_row: a unit's serial (raw u8[row_bytes], halves, out f32[in]) -> None, halves:
@@ -77,41 +78,47 @@ def row_tile_matmul(dequantize_row, raw, halves, x, out):
 
 
 # w: [tile rows, in] (rows 0..last dequantized), x: [n, in] -> out[:, r0 : r0 + last + 1]. For
-# each block of _tile_tokens activation rows, for each 4 rows of w (kept in L1 while those
-# activation rows stream past: faster than the other order at in = 1536), 4 rows x 2 activation
-# rows per pass over `in` with float accumulators (6 loads per 8 FMAs). Ragged edges repeat the
-# last row (same arithmetic, same value stored twice): every output takes one code path, so its
-# bits do not depend on n, `out`, the blocking or the threads.
-# Compiled with fastmath, which lets LLVM vectorize the reductions, and on its own, not inlined
-# into the units' kernels: next to the legacy types' straight-line block dequantization
-# (simd.dequant_u4) the same loops ran 15-20 % slower at n >= 32 (in-process A/B, Q4_1
-# [3072, 576], identical inner loop); apart, every unit times the same as inlined or better.
-@njit(cache=True, fastmath=True)
+# each block of _tile_tokens activation rows, for each DOT_ROWS rows of w (kept in L1 while those
+# activation rows stream past: faster than the other order at in = 1536), simd.dot_tile against
+# DOT_COLS activation rows at a time; ragged edges take smaller tiles. Each output is its own
+# chain of the same arithmetic whatever tile computes it, so its bits depend neither on n,
+# `out`, the blocking nor the threads, and no row or activation row is computed twice.
+# Against the loop LLVM vectorized itself (4 x 2 outputs, the same bits), 10-25 % faster at
+# n = 9 to 512 and no slower at n = 1 to 4 (Q4_1 [3072, 576], [576, 1536] and [576, 576],
+# in-process A/B, 2 threads), mainly from the odd rows no longer repeated and from a body with
+# running pointers and nothing spilled. Compiled on its own, not inlined into the units'
+# kernels: next to the legacy types' straight-line block dequantization (simd.dequant_u4) the
+# loops ran 15-20 % slower at n >= 32 (in-process A/B, Q4_1 [3072, 576]); apart, every unit
+# times the same as inlined or better.
+@njit(cache=True)
 def _tile_products(w, last, x, out, r0):
     n, k = x.shape
     block = _tile_tokens(k)
+    wf, xf, outf = w.reshape(-1), x.reshape(-1), out.reshape(-1)
     for t0 in range(0, n, block):
-        for i in range(0, last + 1, 4):
-            i1, i2, i3 = min(i + 1, last), min(i + 2, last), min(i + 3, last)
-            w0, w1, w2, w3 = w[i], w[i1], w[i2], w[i3]
-            for t in range(t0, min(t0 + block, n), 2):
-                t1 = min(t + 1, n - 1)
-                x0, x1 = x[t], x[t1]
-                a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
-                for j in range(k):
-                    u, v = x0[j], x1[j]
-                    a0 += w0[j] * u
-                    a1 += w1[j] * u
-                    a2 += w2[j] * u
-                    a3 += w3[j] * u
-                    b0 += w0[j] * v
-                    b1 += w1[j] * v
-                    b2 += w2[j] * v
-                    b3 += w3[j] * v
-                out[t, r0 + i], out[t, r0 + i1] = a0, a1
-                out[t, r0 + i2], out[t, r0 + i3] = a2, a3
-                out[t1, r0 + i], out[t1, r0 + i1] = b0, b1
-                out[t1, r0 + i2], out[t1, r0 + i3] = b2, b3
+        t_end = min(t0 + block, n)
+        for i in range(0, last + 1, DOT_ROWS):
+            rows = min(DOT_ROWS, last + 1 - i)
+            for t in range(t0, t_end, DOT_COLS):
+                at = t * out.shape[1] + r0 + i
+                if t + 1 < t_end:
+                    _rows_by(rows, 2, wf, i, xf, t, k, outf, at, out.shape[1])
+                else:
+                    _rows_by(rows, 1, wf, i, xf, t, k, outf, at, out.shape[1])
+
+
+# simd.dot_tile of rows (1 to DOT_ROWS) rows of wf from row i by cols (a literal) rows of xf
+# from row t, both [*, k] flattened, into outf at `at`, rows apart by `step`. A ragged edge (the
+# last rows of a weight) goes a row at a time: the same bits, and too rare to need its own tiles.
+@njit(cache=True, inline="always")
+def _rows_by(rows, cols, wf, i, xf, t, k, outf, at, step):
+    x_at = (t * k, (t + 1) * k)
+    if rows == DOT_ROWS:
+        w_at = (i * k, (i + 1) * k, (i + 2) * k, (i + 3) * k, (i + 4) * k)
+        dot_tile(DOT_ROWS, cols, wf, w_at, xf, x_at, k, outf, at, step)
+    else:
+        for r in range(rows):
+            dot_tile(1, cols, wf, ((i + r) * k,), xf, x_at, k, outf, at + r, step)
 
 
 def _check_x(x: np.ndarray, w: QuantWeight) -> np.ndarray:

@@ -318,6 +318,132 @@ def dequant_i8(typingctx, w, wi, d, out, oi):
     return types.void(w, wi, types.float32, out, oi), codegen
 
 
+DOT_ROWS, DOT_COLS = 5, 2  # the largest dot_tile (matmul._rows_by writes its 5 rows out)
+
+
+def _vector_fma(builder):
+    # llvm.fma on <LANES x float>: a fused multiply-add that no fast-math flag can reorder
+    vec = _vec(_F32, LANES)
+    return builder.module.declare_intrinsic(
+        "llvm.fma.v8f32", fnty=ir.FunctionType(vec, [vec, vec, vec])
+    )
+
+
+def _lane_sum(builder, fma, v):
+    # <LANES x float> -> the sum of its lanes, halves added pairwise (the order LLVM's own
+    # vectorized reductions use), as vector fma(a, 1, b) = a + b: calls on vectors take no
+    # fast-math flags from Numba, so no pass reorders them
+    one = ir.Constant(v.type, [1.0] * LANES)
+    half = LANES // 2
+    while half:
+        upper = _pick(builder, v, [i + half if i < half else i for i in range(LANES)])
+        v = builder.call(fma, [upper, one, v])
+        half //= 2
+    return builder.extract_element(v, ir.Constant(_I32, 0))
+
+
+def _partial_lanes(builder, ptr, count):
+    # the count (1 to LANES - 1) floats at ptr, then zeros: only the first count are read
+    v = ir.Constant(_vec(_F32, LANES), [0.0] * LANES)
+    for lane in range(LANES):
+        inside = builder.icmp_signed("<", ir.Constant(count.type, lane), count)
+        at = builder.select(inside, ir.Constant(count.type, lane), ir.Constant(count.type, 0))
+        value = builder.select(inside, builder.load(builder.gep(ptr, [at])), ir.Constant(_F32, 0))
+        v = builder.insert_element(v, value, ir.Constant(_I32, lane))
+    return v
+
+
+@intrinsic
+def dot_tile(typingctx, rows, cols, w, w_at, x, x_at, k, out, out_at, out_step):
+    """For r < rows, t < cols (literals, 1 to DOT_ROWS / DOT_COLS), with w_r, x_t the r-th and
+    t-th offsets of the tuples w_at, x_at (those past rows / cols are not read):
+    out[out_at + r + t * out_step] = the dot product of w[w_r : w_r + k] and x[x_t : x_t + k].
+
+    Each is one chain of fused multiply-adds in LANES float lanes along k, in order (a last
+    partial vector padded with zeros), then its lanes summed in a fixed order, so its bits
+    depend neither on the tile's shape nor on the other products: a ragged edge takes a
+    smaller tile instead of repeating rows. w, x, out: float32 arrays, offsets into their flat
+    data."""
+    literal = (isinstance(v, types.IntegerLiteral) for v in (rows, cols))
+    if not all(literal) or not (
+        1 <= rows.literal_value <= DOT_ROWS and 1 <= cols.literal_value <= DOT_COLS
+    ):
+        return None
+    n_rows, n_cols = rows.literal_value, cols.literal_value
+
+    def codegen(context, builder, sig, args):
+        _, _, w, w_at, x, x_at, k, out, out_at, out_step = args
+        vec = _vec(_F32, LANES)
+        fma = _vector_fma(builder)
+        w_type, x_type, out_type = sig.args[2], sig.args[4], sig.args[7]
+        w0 = [
+            _ptr(context, builder, w_type, w, builder.extract_value(w_at, r)) for r in range(n_rows)
+        ]
+        x0 = [
+            _ptr(context, builder, x_type, x, builder.extract_value(x_at, t)) for t in range(n_cols)
+        ]
+        width = ir.Constant(k.type, LANES)
+        zero_i, one_i = ir.Constant(k.type, 0), ir.Constant(k.type, 1)
+        zero = ir.Constant(vec, [0.0] * LANES)
+        n_vec = builder.sdiv(k, width)
+        pairs = [(r, t) for r in range(n_rows) for t in range(n_cols)]
+        entry = builder.block
+        body = builder.append_basic_block("dot.body")
+        rest = builder.append_basic_block("dot.rest")
+        tail = builder.append_basic_block("dot.tail")
+        done = builder.append_basic_block("dot.done")
+        builder.cbranch(builder.icmp_signed(">", n_vec, zero_i), body, rest)
+        # a rotated loop over running pointers: no index arithmetic in the body
+        builder.position_at_end(body)
+        i = builder.phi(k.type)
+        ptrs = [builder.phi(p.type) for p in w0 + x0]
+        accs = [builder.phi(vec) for _ in pairs]
+        lanes = [_load(builder, p, vec) for p in ptrs]
+        new = [
+            builder.call(fma, [lanes[r], lanes[n_rows + t], a])
+            for (r, t), a in zip(pairs, accs, strict=True)
+        ]
+        i_next = builder.add(i, one_i)
+        ptrs_next = [builder.gep(p, [width]) for p in ptrs]
+        builder.cbranch(builder.icmp_signed("<", i_next, n_vec), body, rest)
+        i.add_incoming(zero_i, entry)
+        i.add_incoming(i_next, body)
+        for p, p0, p_next in zip(ptrs, w0 + x0, ptrs_next, strict=True):
+            p.add_incoming(p0, entry)
+            p.add_incoming(p_next, body)
+        for a, a_new in zip(accs, new, strict=True):
+            a.add_incoming(zero, entry)
+            a.add_incoming(a_new, body)
+        builder.position_at_end(rest)
+        kept = [builder.phi(vec) for _ in pairs]
+        for a, a_new in zip(kept, new, strict=True):
+            a.add_incoming(zero, entry)
+            a.add_incoming(a_new, body)
+        full = builder.mul(n_vec, width)
+        left = builder.sub(k, full)
+        builder.cbranch(builder.icmp_signed(">", left, zero_i), tail, done)
+        builder.position_at_end(tail)
+        ends = [_partial_lanes(builder, builder.gep(p, [full]), left) for p in w0 + x0]
+        last = [
+            builder.call(fma, [ends[r], ends[n_rows + t], a])
+            for (r, t), a in zip(pairs, kept, strict=True)
+        ]
+        builder.branch(done)
+        builder.position_at_end(done)
+        sums = [builder.phi(vec) for _ in pairs]
+        for s, a, a_last in zip(sums, kept, last, strict=True):
+            s.add_incoming(a, rest)
+            s.add_incoming(a_last, tail)
+        for (r, t), s in zip(pairs, sums, strict=True):
+            col = builder.mul(ir.Constant(out_at.type, t), out_step)
+            at = builder.add(out_at, builder.add(ir.Constant(out_at.type, r), col))
+            builder.store(_lane_sum(builder, fma, s), _ptr(context, builder, out_type, out, at))
+        return context.get_dummy_value()
+
+    i = types.intp
+    return types.void(rows, cols, w, w_at, x, x_at, k, out, i, i), codegen
+
+
 TILE_ROWS = 4  # rows of fma_tile
 TILE_COLS = 2 * LANES  # columns of fma_tile: two vectors per row
 
@@ -365,9 +491,7 @@ def fma_tile(typingctx, rows, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
         c_offs = [builder.extract_value(c_rows, r) for r in range(n_rows)]
         a_offs = [builder.extract_value(a_rows, r) for r in range(n_rows)]
         vec = _vec(_F32, LANES)
-        fma = builder.module.declare_intrinsic(
-            "llvm.fma.v8f32", fnty=ir.FunctionType(vec, [vec, vec, vec])
-        )
+        fma = _vector_fma(builder)
         c_data = context.make_array(sig.args[2])(context, builder, c).data
         a_data = context.make_array(sig.args[4])(context, builder, a).data
         b_data = context.make_array(sig.args[6])(context, builder, b).data

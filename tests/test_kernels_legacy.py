@@ -151,13 +151,23 @@ def test_matmul_accuracy(qtype):
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_row_tile_matmul(qtype):
-    # at in = 576, 301 rows = 9 tiles of 32 + 13, and 6 rows: less than one tile or one group
-    # of 4 rows; check_row_tile_matmul's 192-row call crosses blocks of 56 activation rows
+    # at in = 576, 301 rows = 10 tiles of 30 + 1, and 6 rows: less than one tile, one group of
+    # 5 rows and one of 1; check_row_tile_matmul's 192-row call crosses blocks of 56 activation
+    # rows
     rng = np.random.default_rng(int(qtype) + 17)
     block, _ = GGML_QUANT_SIZES[qtype]
     for out_dim in (301, 6):
         data = random_blocks(qtype, out_dim * 576 // block, rng)
         check_row_tile_matmul(data, qtype, out_dim, 576, rng)
+
+
+@pytest.mark.parametrize("qtype", (T.F32, T.F16, T.BF16), ids=lambda t: t.name)
+def test_row_tile_matmul_ragged_input(qtype):
+    # a float weight's row can be any length: in = 100 ends in a partial vector of 4 lanes
+    # (simd.dot_tile's zero-padded last step), 7 rows in a group of 5 and one of 2
+    rng = np.random.default_rng(int(qtype) + 29)
+    data = random_blocks(qtype, 7 * 100, rng)
+    check_row_tile_matmul(data, qtype, 7, 100, rng)
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)

@@ -89,6 +89,25 @@ def dequant_module() -> ir.Module:
     return mod
 
 
+def dot_tile_module() -> ir.Module:
+    """What dot_tile does to one product beside its loop: a fused multiply-add of whole vectors,
+    one of a zero-padded partial vector (`count` floats), and the fixed-order sum of the lanes
+    (fma by 1)."""
+    pf = F32.as_pointer()
+    mod, (w, x, out, count), b = probe("dot_tile", [pf, pf, pf, ir.IntType(64)])
+    vec = simd._vec(F32, simd.LANES)
+    fma = simd._vector_fma(b)
+    whole = [b.load(b.bitcast(p, vec.as_pointer()), align=1) for p in (w, x)]
+    acc = b.call(fma, [*whole, ir.Constant(vec, [0.0] * simd.LANES)])
+    ends = [
+        simd._partial_lanes(b, b.gep(p, [ir.Constant(ir.IntType(64), 8)]), count) for p in (w, x)
+    ]
+    acc = b.call(fma, [*ends, acc])
+    b.store(simd._lane_sum(b, fma, acc), out)
+    b.ret_void()
+    return mod
+
+
 def lowered_ops(module_ir: ir.Module, triple: str, optimize: bool) -> list[str]:
     """The instruction names of module_ir compiled for triple (after LLVM's -O3 passes, as Numba
     runs them, when optimize)."""
@@ -151,3 +170,10 @@ def test_block_dequantization_is_straight_vector_code_on_every_target(triple):
     conversions = [op for op in ops if op.startswith(("vcvtdq2ps", "scvtf"))]
     assert 0 < len(conversions) <= 8, sorted(set(ops))
     assert not {"sbfx", "ubfx"} & set(ops), sorted(set(ops))
+
+
+@pytest.mark.parametrize("triple", list(TARGETS))
+def test_dot_tile_is_fused_vector_code_on_every_target(triple):
+    ops = lowered_ops(dot_tile_module(), triple, optimize=True)
+    assert no_library_call(ops), sorted(set(ops))
+    assert any(op.startswith(("vfmadd", "fmla")) for op in ops), sorted(set(ops))
