@@ -83,10 +83,10 @@ def row_tile_matmul(dequantize_row, raw, halves, x, out):
 # DOT_COLS activation rows at a time; ragged edges take smaller tiles. Each output is its own
 # chain of the same arithmetic whatever tile computes it, so its bits depend neither on n,
 # `out`, the blocking nor the threads, and no row or activation row is computed twice.
-# Against the loop LLVM vectorized itself (4 x 2 outputs, the same bits), 10-25 % faster at
-# n = 9 to 512 and no slower at n = 1 to 4 (Q4_1 [3072, 576], [576, 1536] and [576, 576],
-# in-process A/B, 2 threads), mainly from the odd rows no longer repeated and from a body with
-# running pointers and nothing spilled. Compiled on its own, not inlined into the units'
+# Against the loop LLVM vectorized itself (4 x 2 outputs, the same bits), 5-30 % faster at
+# n = 9 to 512 and level or faster at n = 1 to 4 (Q4_1 [3072, 576], [576, 1536] and [576, 576],
+# in-process A/B, 2 threads): a body of loads and FMAs over running pointers, and at an odd n
+# no activation row computed twice. Compiled on its own, not inlined into the units'
 # kernels: next to the legacy types' straight-line block dequantization (simd.dequant_u4) the
 # loops ran 15-20 % slower at n >= 32 (in-process A/B, Q4_1 [3072, 576]); apart, every unit
 # times the same as inlined or better.
