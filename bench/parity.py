@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-PROMPTS = Path(__file__).resolve().parents[1] / "tests" / "data" / "parity_prompts.json"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from llama_oracle import F32, PROMPTS, kl, oracle, oracle_logits  # noqa: E402
+
 DEFAULT_MODELS = ("smollm2-135m-instruct", "gemma3-270m")
 N_CTX = 512
 EARLY = 16  # positions counted as the start of a prompt
@@ -36,30 +40,6 @@ PAIRS = (
     ("llama.cpp f16", "llama.cpp one token"),
     ("edgeinfer f16", "edgeinfer f32"),
 )
-F32 = 0  # GGML_TYPE_F32, llama.cpp's KV cache type for "f32"
-
-
-def kl_rows(p_logits: np.ndarray, q_logits: np.ndarray) -> np.ndarray:
-    """Per row, KL(softmax(p_logits) || softmax(q_logits)) in float64."""
-    lp = p_logits - np.logaddexp.reduce(p_logits, axis=-1, keepdims=True)
-    lq = q_logits - np.logaddexp.reduce(q_logits, axis=-1, keepdims=True)
-    return np.sum(np.exp(lp) * (lp - lq), axis=-1)
-
-
-def _llama_cpp(path: Path, threads: int, **options):
-    import llama_cpp
-
-    llm = llama_cpp.Llama(
-        model_path=str(path), n_ctx=N_CTX, logits_all=True, n_threads=threads, verbose=False,
-        **options,
-    )  # fmt: skip
-
-    def logits(tokens: list[int]) -> np.ndarray:
-        llm.reset()
-        llm.eval(tokens)
-        return np.array(llm.scores[: len(tokens)], dtype=np.float64)
-
-    return llm, logits
 
 
 def _edgeinfer(path: Path, threads: int, kv_dtype: str):
@@ -79,23 +59,25 @@ def measure(model: str, threads: int) -> dict:
     from edgeinfer.hub import resolve_model
 
     path = resolve_model(model)
-    oracle, oracle_logits = _llama_cpp(path, threads)
+    contexts = {
+        "llama.cpp f16": oracle(path, N_CTX, threads),
+        "llama.cpp f32": oracle(path, N_CTX, threads, type_k=F32, type_v=F32),
+        "llama.cpp one token": oracle(path, N_CTX, threads, n_batch=1, n_ubatch=1),
+    }
     engines = {
-        "llama.cpp f16": oracle_logits,
-        "llama.cpp f32": _llama_cpp(path, threads, type_k=F32, type_v=F32)[1],
-        "llama.cpp one token": _llama_cpp(path, threads, n_batch=1, n_ubatch=1)[1],
+        **{name: partial(oracle_logits, llm) for name, llm in contexts.items()},
         "edgeinfer f16": _edgeinfer(path, threads, "f16"),
         "edgeinfer f32": _edgeinfer(path, threads, "f32"),
     }
     kls = {pair: [] for pair in PAIRS}
     agree = {pair: [] for pair in PAIRS}
     positions = []
-    for text in json.loads(PROMPTS.read_text()):
-        tokens = oracle.tokenize(text.encode(), add_bos=True, special=False)
+    for text in PROMPTS:
+        tokens = contexts["llama.cpp f16"].tokenize(text.encode(), add_bos=True, special=False)
         logits = {name: run(tokens) for name, run in engines.items()}
         positions.append(np.arange(len(tokens)))
         for a, b in PAIRS:
-            kls[a, b].append(kl_rows(logits[a], logits[b]))
+            kls[a, b].append(kl(logits[a], logits[b]))
             agree[a, b].append(logits[a].argmax(-1) == logits[b].argmax(-1))
     pos = np.concatenate(positions)
     rows = []

@@ -11,11 +11,9 @@ Both sides use a float16 KV cache. Also: the runner's error handling and batchin
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
+from llama_oracle import F32, PROMPTS, kl, oracle, oracle_logits
 
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.runner import ModelRunner
@@ -45,33 +43,6 @@ GREEDY_PROMPTS = [
     "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
     "Monday, Tuesday, Wednesday, Thursday, Friday, Saturday, Sunday, Monday, Tuesday,",
 ]
-
-# varied text, >= 256 positions in all; bench/parity.py reads the same file
-PROMPTS = json.loads((Path(__file__).parent / "data" / "parity_prompts.json").read_text())
-
-
-def oracle(path, n_ctx: int):
-    return llama_cpp.Llama(
-        model_path=str(path), n_ctx=n_ctx, logits_all=True, n_threads=2, verbose=False
-    )
-
-
-def oracle_logits(llm, tokens) -> np.ndarray:
-    llm.reset()
-    llm.eval(tokens)
-    return np.array(llm.scores[: len(tokens)], dtype=np.float64)
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    x = x.astype(np.float64)
-    x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
-
-
-def kl(ref: np.ndarray, ours: np.ndarray) -> np.ndarray:
-    """KL(softmax(ref) || softmax(ours)) per row."""
-    lp, lq = log_softmax(ref), log_softmax(ours)
-    return (np.exp(lp) * (lp - lq)).sum(axis=-1)
 
 
 @pytest.mark.parametrize("ftype", FTYPES)
@@ -109,15 +80,9 @@ def test_real_model_logits(real_pair, real_model):
     name, runner, llm = real_pair
     path = str(real_model(name))
     others = {
-        "f32 KV": llama_cpp.Llama(
-            model_path=path, n_ctx=512, logits_all=True, n_threads=2, verbose=False,
-            type_k=0, type_v=0,  # GGML_TYPE_F32
-        ),
-        "one token at a time": llama_cpp.Llama(
-            model_path=path, n_ctx=512, logits_all=True, n_threads=2, verbose=False,
-            n_batch=1, n_ubatch=1,
-        ),
-    }  # fmt: skip
+        "f32 KV": oracle(path, 512, type_k=F32, type_v=F32),
+        "one token at a time": oracle(path, 512, n_batch=1, n_ubatch=1),
+    }
     kls, agree = [], []
     floor_kls = {k: [] for k in others}
     floor_agree = {k: [] for k in others}
