@@ -259,13 +259,28 @@ def dot_u5(typingctx, acc, w, wi, hi, x, xi, minus, scale, one):
 
 
 def _store_dequantized(builder, ptr, q, minus, d, m):
-    # q: <32 x i8> -> 32 floats at ptr = d * (q - minus) (+ m), each operation rounded as
+    # q: <n x i8 | i32> -> n floats at ptr = d * (q - minus) (+ m), each operation rounded as
     # written: gguf's float32 expression, bit for bit
-    q = builder.sub(q, _splat(builder, builder.trunc(minus, _I8), 32))
-    w = builder.fmul(builder.sitofp(q, _vec(_F32, 32)), _splat(builder, d, 32))
+    n, lane = q.type.count, q.type.element
+    q = builder.sub(q, _splat(builder, minus if lane == _I32 else builder.trunc(minus, lane), n))
+    w = builder.fmul(builder.sitofp(q, _vec(_F32, n)), _splat(builder, d, n))
     if m is not None:
-        w = builder.fadd(w, _splat(builder, m, 32))
+        w = builder.fadd(w, _splat(builder, m, n))
     builder.store(w, builder.bitcast(ptr, w.type.as_pointer()), align=4)
+
+
+def _dequant_nibbles(builder, src, dst, minus, d, m):
+    # the 32 nibbles of the 16 bytes at src (low nibbles first) -> 32 floats at dst, as
+    # _store_dequantized. Each 8 bytes are widened as they are loaded (one instruction on x86 and
+    # ARM) and their nibbles split in 32-bit lanes: the same floats as splitting the bytes first
+    # (_nibbles), without the 4 shuffles per block that widening its halves takes.
+    for first in (0, 8):
+        b = _load(builder, builder.gep(src, [ir.Constant(_I32, first)]), _vec(_I8, LANES))
+        b = builder.zext(b, _vec(_I32, LANES))
+        low = builder.and_(b, _splat(builder, ir.Constant(_I32, 15), LANES))
+        high = builder.lshr(b, _splat(builder, ir.Constant(_I32, 4), LANES))
+        for q, at in ((low, first), (high, 16 + first)):
+            _store_dequantized(builder, builder.gep(dst, [ir.Constant(_I32, at)]), q, minus, d, m)
 
 
 @intrinsic
@@ -278,9 +293,9 @@ def dequant_u4(typingctx, w, wi, minus, d, m, out, oi):
 
     def codegen(context, builder, sig, args):
         w, wi, minus, d, m, out, oi = args
-        q = _nibbles(builder, _ptr(context, builder, sig.args[0], w, wi))
-        ptr = _ptr(context, builder, sig.args[5], out, oi)
-        _store_dequantized(builder, ptr, q, minus, d, m if has_min else None)
+        src = _ptr(context, builder, sig.args[0], w, wi)
+        dst = _ptr(context, builder, sig.args[5], out, oi)
+        _dequant_nibbles(builder, src, dst, minus, d, m if has_min else None)
         return context.get_dummy_value()
 
     f32 = types.float32

@@ -89,6 +89,16 @@ def dequant_module() -> ir.Module:
     return mod
 
 
+def nibbles_module() -> ir.Module:
+    """What dequant_u4 does to a block with an offset and no min (Q4_0): 4-bit fields widened
+    8 bytes at a time, to float32 times a scale."""
+    p8 = I8.as_pointer()
+    mod, (w, out, d), b = probe("nibbles", [p8, F32.as_pointer(), F32])
+    simd._dequant_nibbles(b, w, out, ir.Constant(I32, 8), d, None)
+    b.ret_void()
+    return mod
+
+
 def dot_tile_module() -> ir.Module:
     """What dot_tile does to one product beside its loop: a fused multiply-add of whole vectors,
     one of a zero-padded partial vector (`count` floats), and the fixed-order sum of the lanes
@@ -161,15 +171,26 @@ def test_fifth_bits_unpack_as_whole_vectors_on_every_target(triple):
     assert not {"sbfx", "ubfx"} & set(ops), sorted(set(ops))
 
 
-@pytest.mark.parametrize("triple", list(TARGETS))
-def test_block_dequantization_is_straight_vector_code_on_every_target(triple):
-    ops = lowered_ops(dequant_module(), triple, optimize=True)
+def assert_straight_dequantization(ops: list[str]) -> None:
     assert no_library_call(ops), sorted(set(ops))
     # whole vectors: 32 lanes in at most 8 conversions (4 x 8 or 8 x 4), no per-lane bit
     # extraction (what a bitcast of the 5th-bit mask to <32 x i1> became on aarch64)
     conversions = [op for op in ops if op.startswith(("vcvtdq2ps", "scvtf"))]
     assert 0 < len(conversions) <= 8, sorted(set(ops))
     assert not {"sbfx", "ubfx"} & set(ops), sorted(set(ops))
+
+
+@pytest.mark.parametrize("triple", list(TARGETS))
+def test_block_dequantization_is_straight_vector_code_on_every_target(triple):
+    assert_straight_dequantization(lowered_ops(dequant_module(), triple, optimize=True))
+
+
+@pytest.mark.parametrize("triple", list(TARGETS))
+def test_nibble_dequantization_widens_bytes_as_it_loads_them_on_every_target(triple):
+    ops = lowered_ops(nibbles_module(), triple, optimize=True)
+    assert_straight_dequantization(ops)
+    if triple.startswith("x86_64"):  # the 4 byte-to-lane widenings are the 2 loads themselves
+        assert ops.count("vpmovzxbd") == 2, sorted(set(ops))
 
 
 @pytest.mark.parametrize("triple", list(TARGETS))
