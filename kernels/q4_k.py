@@ -10,24 +10,23 @@ from numba import njit
 
 from .block_matmul import Fused, block_matmul, parts_of
 from .floatbits import read_half
-from .kquant_common import I32, QK_K, SUM_GROUP, scale_min_k4
+from .kquant_common import QK_K, SUM_GROUP, scale_min_k4
 from .kquant_dot import GROUPS, Field, Layout, super_block_dot
 from .matmul import each_row, row_tile_matmul, with_halves
 from .registry import QuantType, register
+from .simd import dequant_u4_pair
 
 TYPE_SIZE = 144
 f32 = np.float32
 SIXTEENTH = np.float32(1.0 / 16)  # a nibble's weight in the high half of its byte
 
 
-# raw: [nb*144] uint8 (one row) -> out: [nb*256] float32
-# Flat indexing and int32 bytes, the high nibble taken in place against dl / 16: see Q4_0's
-# dequantize_row (dl1 / 16 is exact, so the products are bit-identical to dl1 * q).
+# raw: [nb*144] uint8 (one row) -> out: [nb*256] float32, w = dl * q - ml per sub-block (as
+# simd.dequant_u4_pair's dl * q + (-ml): the same bits); the high nibble taken in place against
+# dl / 16, which is exact, so the products are bit-identical to dl * q.
 @njit(cache=True)
 def dequantize_row(raw, halves, out):
-    nb = raw.shape[0] // TYPE_SIZE
-    sub_len = out.shape[0] // nb // 8  # runtime count: a constant 32 gets unrolled, scalar
-    for b in range(nb):
+    for b in range(raw.shape[0] // TYPE_SIZE):
         i = b * TYPE_SIZE
         d = read_half(halves, raw, i)
         dmin = read_half(halves, raw, i + 2)
@@ -36,12 +35,7 @@ def dequantize_row(raw, halves, out):
             sc1, m1 = scale_min_k4(raw, i + 4, 2 * c + 1)
             dl0, ml0 = d * np.float32(sc0), dmin * np.float32(m0)
             dl1, ml1 = d * np.float32(sc1) * SIXTEENTH, dmin * np.float32(m1)
-            q = i + 16 + 32 * c
-            o = b * QK_K + 64 * c
-            for l in range(sub_len):
-                v = I32(raw[q + l])
-                out[o + l] = dl0 * np.float32(v & 15) - ml0
-                out[o + sub_len + l] = dl1 * np.float32(v & 240) - ml1
+            dequant_u4_pair(raw, i + 16 + 32 * c, dl0, -ml0, dl1, -ml1, out, b * QK_K + 64 * c)
 
 
 # raw: [rows, nb*144] -> out: [rows, nb*256]

@@ -269,17 +269,22 @@ def _store_dequantized(builder, ptr, q, minus, d, m):
     builder.store(w, builder.bitcast(ptr, w.type.as_pointer()), align=4)
 
 
-def _dequant_nibbles(builder, src, dst, minus, d, m):
-    # the 32 nibbles of the 16 bytes at src (low nibbles first) -> 32 floats at dst, as
-    # _store_dequantized. Each 8 bytes are widened as they are loaded (one instruction on x86 and
-    # ARM) and their nibbles split in 32-bit lanes: the same floats as splitting the bytes first
-    # (_nibbles), without the 4 shuffles per block that widening its halves takes.
-    for first in (0, 8):
+def _dequant_nibbles(builder, src, dst, n_bytes, minus, low, high, shift):
+    # the low and the high nibbles of the n_bytes bytes at src -> 2 * n_bytes floats at dst, the
+    # low ones first, as _store_dequantized with low = (d, m) and high = (d, m); the high nibbles
+    # shifted down (shift) or kept in place (byte & 0xF0, against a scale 16x smaller). Each 8
+    # bytes are widened as they are loaded (one instruction on x86 and ARM) and their nibbles
+    # split in 32-bit lanes: the same floats as splitting the bytes first (_nibbles), without
+    # the shuffles that widening its halves takes.
+    for first in range(0, n_bytes, LANES):
         b = _load(builder, builder.gep(src, [ir.Constant(_I32, first)]), _vec(_I8, LANES))
         b = builder.zext(b, _vec(_I32, LANES))
-        low = builder.and_(b, _splat(builder, ir.Constant(_I32, 15), LANES))
-        high = builder.lshr(b, _splat(builder, ir.Constant(_I32, 4), LANES))
-        for q, at in ((low, first), (high, 16 + first)):
+        lo = builder.and_(b, _splat(builder, ir.Constant(_I32, 15), LANES))
+        if shift:
+            hi = builder.lshr(b, _splat(builder, ir.Constant(_I32, 4), LANES))
+        else:
+            hi = builder.and_(b, _splat(builder, ir.Constant(_I32, 0xF0), LANES))
+        for q, at, (d, m) in ((lo, first, low), (hi, n_bytes + first, high)):
             _store_dequantized(builder, builder.gep(dst, [ir.Constant(_I32, at)]), q, minus, d, m)
 
 
@@ -295,11 +300,31 @@ def dequant_u4(typingctx, w, wi, minus, d, m, out, oi):
         w, wi, minus, d, m, out, oi = args
         src = _ptr(context, builder, sig.args[0], w, wi)
         dst = _ptr(context, builder, sig.args[5], out, oi)
-        _dequant_nibbles(builder, src, dst, minus, d, m if has_min else None)
+        scale = (d, m if has_min else None)
+        _dequant_nibbles(builder, src, dst, 16, minus, scale, scale, shift=True)
         return context.get_dummy_value()
 
     f32 = types.float32
     return types.void(w, wi, types.int32, f32, f32 if has_min else m, out, oi), codegen
+
+
+@intrinsic
+def dequant_u4_pair(typingctx, w, wi, d0, m0, d1, m1, out, oi):
+    """out[oi : oi + 32] = d0 * q + m0 for q the low nibbles of the 32 bytes w[wi:wi+32], and
+    out[oi + 32 : oi + 64] = d1 * (byte & 0xF0) + m1, their high nibbles in place: two 32-weight
+    sub-blocks sharing their bytes, as K-quants store them (d1 a 16th of the sub-block's scale,
+    exact, so the products are those of the shifted nibbles)."""
+
+    def codegen(context, builder, sig, args):
+        w, wi, d0, m0, d1, m1, out, oi = args
+        src = _ptr(context, builder, sig.args[0], w, wi)
+        dst = _ptr(context, builder, sig.args[6], out, oi)
+        zero = ir.Constant(_I32, 0)
+        _dequant_nibbles(builder, src, dst, 32, zero, (d0, m0), (d1, m1), shift=False)
+        return context.get_dummy_value()
+
+    f32 = types.float32
+    return types.void(w, wi, f32, f32, f32, f32, out, oi), codegen
 
 
 @intrinsic

@@ -89,12 +89,16 @@ def dequant_module() -> ir.Module:
     return mod
 
 
-def nibbles_module() -> ir.Module:
-    """What dequant_u4 does to a block with an offset and no min (Q4_0): 4-bit fields widened
-    8 bytes at a time, to float32 times a scale."""
+def nibbles_module(shift: bool) -> ir.Module:
+    """4-bit fields widened 8 bytes at a time, to float32 times a scale: what dequant_u4 does to
+    a Q4_0 block (16 bytes, an offset, high nibbles shifted down), or dequant_u4_pair to a
+    K-quant's two sub-blocks (32 bytes, a min each, high nibbles in place)."""
     p8 = I8.as_pointer()
-    mod, (w, out, d), b = probe("nibbles", [p8, F32.as_pointer(), F32])
-    simd._dequant_nibbles(b, w, out, ir.Constant(I32, 8), d, None)
+    mod, (w, out, d, m), b = probe("nibbles", [p8, F32.as_pointer(), F32, F32])
+    if shift:
+        simd._dequant_nibbles(b, w, out, 16, ir.Constant(I32, 8), (d, None), (d, None), True)
+    else:
+        simd._dequant_nibbles(b, w, out, 32, ir.Constant(I32, 0), (d, m), (m, d), False)
     b.ret_void()
     return mod
 
@@ -171,12 +175,13 @@ def test_fifth_bits_unpack_as_whole_vectors_on_every_target(triple):
     assert not {"sbfx", "ubfx"} & set(ops), sorted(set(ops))
 
 
-def assert_straight_dequantization(ops: list[str]) -> None:
+def assert_straight_dequantization(ops: list[str], lanes: int = 32) -> None:
     assert no_library_call(ops), sorted(set(ops))
-    # whole vectors: 32 lanes in at most 8 conversions (4 x 8 or 8 x 4), no per-lane bit
-    # extraction (what a bitcast of the 5th-bit mask to <32 x i1> became on aarch64)
-    conversions = [op for op in ops if op.startswith(("vcvtdq2ps", "scvtf"))]
-    assert 0 < len(conversions) <= 8, sorted(set(ops))
+    # whole vectors: the lanes in at most lanes / 4 conversions (8 or 4 lanes each; unsigned on
+    # ARM where the fields are known non-negative), no per-lane bit extraction (what a bitcast
+    # of the 5th-bit mask to <32 x i1> became on aarch64)
+    conversions = [op for op in ops if op.startswith(("vcvtdq2ps", "scvtf", "ucvtf"))]
+    assert 0 < len(conversions) <= lanes // 4, sorted(set(ops))
     assert not {"sbfx", "ubfx"} & set(ops), sorted(set(ops))
 
 
@@ -185,12 +190,13 @@ def test_block_dequantization_is_straight_vector_code_on_every_target(triple):
     assert_straight_dequantization(lowered_ops(dequant_module(), triple, optimize=True))
 
 
+@pytest.mark.parametrize("shift", [True, False], ids=["q4_0", "k_pair"])
 @pytest.mark.parametrize("triple", list(TARGETS))
-def test_nibble_dequantization_widens_bytes_as_it_loads_them_on_every_target(triple):
-    ops = lowered_ops(nibbles_module(), triple, optimize=True)
-    assert_straight_dequantization(ops)
-    if triple.startswith("x86_64"):  # the 4 byte-to-lane widenings are the 2 loads themselves
-        assert ops.count("vpmovzxbd") == 2, sorted(set(ops))
+def test_nibble_dequantization_widens_bytes_as_it_loads_them_on_every_target(triple, shift):
+    ops = lowered_ops(nibbles_module(shift), triple, optimize=True)
+    assert_straight_dequantization(ops, 32 if shift else 64)
+    if triple.startswith("x86_64"):  # each 8 bytes widened to lanes by its load itself
+        assert ops.count("vpmovzxbd") == (2 if shift else 4), sorted(set(ops))
 
 
 @pytest.mark.parametrize("triple", list(TARGETS))
