@@ -327,6 +327,45 @@ def dequant_u4_pair(typingctx, w, wi, d0, m0, d1, m1, out, oi):
     return types.void(w, wi, f32, f32, f32, f32, out, oi), codegen
 
 
+def _q6_quarters(builder, lo, hi, scales, dst):
+    # see dequant_q6_quarters; lo, hi: byte pointers, scales: its four d_i, dst: float pointer
+    def lanes(ptr, first):
+        b = _load(builder, builder.gep(ptr, [ir.Constant(_I32, first)]), _vec(_I8, LANES))
+        return builder.zext(b, _vec(_I32, LANES))
+
+    def const(v):
+        return _splat(builder, ir.Constant(_I32, v), LANES)
+
+    for first in (0, LANES):
+        low = (lanes(lo, first), lanes(lo, 32 + first))
+        top = lanes(hi, first)
+        for i, d in enumerate(scales):
+            nib = low[i % 2]
+            nib = builder.and_(nib, const(15)) if i < 2 else builder.lshr(nib, const(4))
+            two = builder.and_(builder.lshr(top, const(2 * i)), const(3))
+            q = builder.or_(nib, builder.shl(two, const(4)))
+            at = builder.gep(dst, [ir.Constant(_I32, 32 * i + first)])
+            _store_dequantized(builder, at, q, ir.Constant(_I32, 32), d, None)
+
+
+@intrinsic
+def dequant_q6_quarters(typingctx, w, lo, hi, d0, d1, d2, d3, out, oi):
+    """Q6_K's 16 positions j of its 4 quarters i: out[oi + 32 * i + j] = d_i * (q - 32), q's low
+    4 bits from the low (i = 0, 1) or high (i = 2, 3) nibble of w[lo + j] (i even) or
+    w[lo + 32 + j] (i odd), its high 2 bits from bits 2i, 2i + 1 of w[hi + j]. Each 8 bytes
+    widened as they are loaded, as in _dequant_nibbles."""
+
+    def codegen(context, builder, sig, args):
+        w, lo, hi, *scales, out, oi = args
+        lo_ptr, hi_ptr = (_ptr(context, builder, sig.args[0], w, i) for i in (lo, hi))
+        dst = _ptr(context, builder, sig.args[7], out, oi)
+        _q6_quarters(builder, lo_ptr, hi_ptr, scales, dst)
+        return context.get_dummy_value()
+
+    f32 = types.float32
+    return types.void(w, lo, hi, f32, f32, f32, f32, out, oi), codegen
+
+
 @intrinsic
 def dequant_u5(typingctx, w, wi, hi, minus, d, m, out, oi):
     """As dequant_u4, with bit j of the little-endian uint32 at w[hi:hi+4] as bit 4 of nibble

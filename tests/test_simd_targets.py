@@ -103,6 +103,15 @@ def nibbles_module(shift: bool) -> ir.Module:
     return mod
 
 
+def q6_module() -> ir.Module:
+    """What dequant_q6_quarters does: 4 + 2-bit fields of 16 positions, four scales."""
+    p8 = I8.as_pointer()
+    mod, (lo, hi, out, d), b = probe("q6", [p8, p8, F32.as_pointer(), F32])
+    simd._q6_quarters(b, lo, hi, [d] * 4, out)
+    b.ret_void()
+    return mod
+
+
 def dot_tile_module() -> ir.Module:
     """What dot_tile does to one product beside its loop: a fused multiply-add of whole vectors,
     one of a zero-padded partial vector (`count` floats), and the fixed-order sum of the lanes
@@ -197,6 +206,14 @@ def test_nibble_dequantization_widens_bytes_as_it_loads_them_on_every_target(tri
     assert_straight_dequantization(ops, 32 if shift else 64)
     if triple.startswith("x86_64"):  # each 8 bytes widened to lanes by its load itself
         assert ops.count("vpmovzxbd") == (2 if shift else 4), sorted(set(ops))
+
+
+@pytest.mark.parametrize("triple", list(TARGETS))
+def test_q6_k_dequantization_is_straight_vector_code_on_every_target(triple):
+    ops = lowered_ops(q6_module(), triple, optimize=True)
+    assert_straight_dequantization(ops, 64)
+    if triple.startswith("x86_64"):
+        assert ops.count("vpmovzxbd") == 6, sorted(set(ops))
 
 
 @pytest.mark.parametrize("triple", list(TARGETS))
