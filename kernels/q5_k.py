@@ -15,29 +15,26 @@ from .kquant_common import QK_K, SUM_GROUP, scale_min_k4
 from .kquant_dot import GROUPS, Field, Layout, super_block_dot
 from .matmul import each_row, row_tile_matmul, with_halves
 from .registry import QuantType, register
+from .simd import dequant_u5_sub
 
 TYPE_SIZE = 176
 f32 = np.float32
 
 
-# raw: [nb*176] uint8 (one row) -> out: [nb*256] float32
+# raw: [nb*176] uint8 (one row) -> out: [nb*256] float32, w = dl * q - ml per sub-block (as
+# simd.dequant_u5_sub's dl * q + (-ml): the same bits)
 @njit(cache=True)
 def dequantize_row(raw, halves, out):
-    nb = raw.shape[0] // TYPE_SIZE
-    for b in range(nb):
-        blk = raw[b * TYPE_SIZE : (b + 1) * TYPE_SIZE]
-        o = out[b * QK_K : (b + 1) * QK_K]
-        d = read_half(halves, blk, 0)
-        dmin = read_half(halves, blk, 2)
+    for b in range(raw.shape[0] // TYPE_SIZE):
+        i = b * TYPE_SIZE
+        d = read_half(halves, raw, i)
+        dmin = read_half(halves, raw, i + 2)
         for j in range(8):
-            sc, m = scale_min_k4(blk, 4, j)
+            sc, m = scale_min_k4(raw, i + 4, j)
             dl = d * np.float32(sc)
             ml = dmin * np.float32(m)
-            q0 = 48 + (j >> 1) * 32
-            shift = 4 * (j & 1)
-            for l in range(32):
-                q = ((blk[q0 + l] >> shift) & 0x0F) | (((blk[16 + l] >> j) & 1) << 4)
-                o[j * 32 + l] = dl * np.float32(q) - ml
+            q_at = i + 48 + (j >> 1) * 32
+            dequant_u5_sub(raw, q_at, 4 * (j & 1), i + 16, j, dl, -ml, out, b * QK_K + j * 32)
 
 
 # raw: [rows, nb*176] -> out: [rows, nb*256]

@@ -366,6 +366,40 @@ def dequant_q6_quarters(typingctx, w, lo, hi, d0, d1, d2, d3, out, oi):
     return types.void(w, lo, hi, f32, f32, f32, f32, out, oi), codegen
 
 
+def _five_bit_fields(builder, q_ptr, h_ptr, shift, bit, d, m, dst):
+    # see dequant_u5_sub; shift, bit: i32 values
+    by_shift, by_bit = (_splat(builder, v, LANES) for v in (shift, bit))
+    one, four, fifteen = (_splat(builder, ir.Constant(_I32, v), LANES) for v in (1, 4, 15))
+    for first in range(0, 32, LANES):
+        at = ir.Constant(_I32, first)
+        low, top = (
+            builder.zext(_load(builder, builder.gep(p, [at]), _vec(_I8, LANES)), one.type)
+            for p in (q_ptr, h_ptr)
+        )
+        low = builder.and_(builder.lshr(low, by_shift), fifteen)
+        top = builder.shl(builder.and_(builder.lshr(top, by_bit), one), four)
+        q = builder.or_(low, top)
+        _store_dequantized(builder, builder.gep(dst, [at]), q, ir.Constant(_I32, 0), d, m)
+
+
+@intrinsic
+def dequant_u5_sub(typingctx, w, q_at, shift, h_at, bit, d, m, out, oi):
+    """out[oi + l] = d * q + m for l < 32, q = (w[q_at + l] >> shift) & 15 with bit `bit` of
+    w[h_at + l] as its bit 4: a K-quant's 32-weight sub-block of 5-bit fields (Q5_K), each 8
+    bytes widened as they are loaded, as in _dequant_nibbles."""
+
+    def codegen(context, builder, sig, args):
+        w, q_at, shift, h_at, bit, d, m, out, oi = args
+        q_ptr, h_ptr = (_ptr(context, builder, sig.args[0], w, i) for i in (q_at, h_at))
+        dst = _ptr(context, builder, sig.args[7], out, oi)
+        shift, bit = (builder.trunc(v, _I32) for v in (shift, bit))
+        _five_bit_fields(builder, q_ptr, h_ptr, shift, bit, d, m, dst)
+        return context.get_dummy_value()
+
+    i, f32 = types.intp, types.float32
+    return types.void(w, q_at, i, h_at, i, f32, f32, out, oi), codegen
+
+
 @intrinsic
 def dequant_u5(typingctx, w, wi, hi, minus, d, m, out, oi):
     """As dequant_u4, with bit j of the little-endian uint32 at w[hi:hi+4] as bit 4 of nibble

@@ -112,6 +112,18 @@ def q6_module() -> ir.Module:
     return mod
 
 
+def q5_module() -> ir.Module:
+    """What dequant_u5_sub does: one sub-block's nibbles at a run-time shift and its 5th bits at
+    a run-time bit, times a scale plus a min."""
+    p8 = I8.as_pointer()
+    mod, (q, h, shift, bit, out, d, m), b = probe(
+        "q5", [p8, p8, I32, I32, F32.as_pointer(), F32, F32]
+    )
+    simd._five_bit_fields(b, q, h, shift, bit, d, m, out)
+    b.ret_void()
+    return mod
+
+
 def dot_tile_module() -> ir.Module:
     """What dot_tile does to one product beside its loop: a fused multiply-add of whole vectors,
     one of a zero-padded partial vector (`count` floats), and the fixed-order sum of the lanes
@@ -214,6 +226,14 @@ def test_q6_k_dequantization_is_straight_vector_code_on_every_target(triple):
     assert_straight_dequantization(ops, 64)
     if triple.startswith("x86_64"):
         assert ops.count("vpmovzxbd") == 6, sorted(set(ops))
+
+
+@pytest.mark.parametrize("triple", list(TARGETS))
+def test_q5_k_dequantization_is_straight_vector_code_on_every_target(triple):
+    ops = lowered_ops(q5_module(), triple, optimize=True)
+    assert_straight_dequantization(ops)
+    if triple.startswith("x86_64"):
+        assert ops.count("vpmovzxbd") == 8, sorted(set(ops))
 
 
 @pytest.mark.parametrize("triple", list(TARGETS))
