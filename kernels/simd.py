@@ -269,21 +269,28 @@ def _store_dequantized(builder, ptr, q, minus, d, m):
     builder.store(w, builder.bitcast(ptr, w.type.as_pointer()), align=4)
 
 
+def _byte_lanes(builder, ptr, first):
+    # the LANES bytes at ptr + first, zero-extended to 32-bit lanes as they are loaded (one
+    # instruction on x86 and ARM): no shuffles to widen the halves of a wider byte vector
+    b = _load(builder, builder.gep(ptr, [ir.Constant(_I32, first)]), _vec(_I8, LANES))
+    return builder.zext(b, _vec(_I32, LANES))
+
+
+def _i32_lanes(v):
+    # the constant <LANES x i32> with every lane v
+    return ir.Constant(_vec(_I32, LANES), [v] * LANES)
+
+
 def _dequant_nibbles(builder, src, dst, n_bytes, minus, low, high, shift):
     # the low and the high nibbles of the n_bytes bytes at src -> 2 * n_bytes floats at dst, the
     # low ones first, as _store_dequantized with low = (d, m) and high = (d, m); the high nibbles
-    # shifted down (shift) or kept in place (byte & 0xF0, against a scale 16x smaller). Each 8
-    # bytes are widened as they are loaded (one instruction on x86 and ARM) and their nibbles
-    # split in 32-bit lanes: the same floats as splitting the bytes first (_nibbles), without
-    # the shuffles that widening its halves takes.
+    # shifted down (shift) or kept in place (byte & 0xF0, against a scale 16x smaller). The
+    # nibbles are split in the 32-bit lanes of _byte_lanes: the same floats as splitting the
+    # bytes first (_nibbles).
     for first in range(0, n_bytes, LANES):
-        b = _load(builder, builder.gep(src, [ir.Constant(_I32, first)]), _vec(_I8, LANES))
-        b = builder.zext(b, _vec(_I32, LANES))
-        lo = builder.and_(b, _splat(builder, ir.Constant(_I32, 15), LANES))
-        if shift:
-            hi = builder.lshr(b, _splat(builder, ir.Constant(_I32, 4), LANES))
-        else:
-            hi = builder.and_(b, _splat(builder, ir.Constant(_I32, 0xF0), LANES))
+        b = _byte_lanes(builder, src, first)
+        lo = builder.and_(b, _i32_lanes(15))
+        hi = builder.lshr(b, _i32_lanes(4)) if shift else builder.and_(b, _i32_lanes(0xF0))
         for q, at, (d, m) in ((lo, first, low), (hi, n_bytes + first, high)):
             _store_dequantized(builder, builder.gep(dst, [ir.Constant(_I32, at)]), q, minus, d, m)
 
@@ -329,21 +336,17 @@ def dequant_u4_pair(typingctx, w, wi, d0, m0, d1, m1, out, oi):
 
 def _q6_quarters(builder, lo, hi, scales, dst):
     # see dequant_q6_quarters; lo, hi: byte pointers, scales: its four d_i, dst: float pointer
-    def lanes(ptr, first):
-        b = _load(builder, builder.gep(ptr, [ir.Constant(_I32, first)]), _vec(_I8, LANES))
-        return builder.zext(b, _vec(_I32, LANES))
-
-    def const(v):
-        return _splat(builder, ir.Constant(_I32, v), LANES)
-
     for first in (0, LANES):
-        low = (lanes(lo, first), lanes(lo, 32 + first))
-        top = lanes(hi, first)
+        low = (_byte_lanes(builder, lo, first), _byte_lanes(builder, lo, 32 + first))
+        top = _byte_lanes(builder, hi, first)
         for i, d in enumerate(scales):
             nib = low[i % 2]
-            nib = builder.and_(nib, const(15)) if i < 2 else builder.lshr(nib, const(4))
-            two = builder.and_(builder.lshr(top, const(2 * i)), const(3))
-            q = builder.or_(nib, builder.shl(two, const(4)))
+            if i < 2:
+                nib = builder.and_(nib, _i32_lanes(15))
+            else:
+                nib = builder.lshr(nib, _i32_lanes(4))
+            two = builder.and_(builder.lshr(top, _i32_lanes(2 * i)), _i32_lanes(3))
+            q = builder.or_(nib, builder.shl(two, _i32_lanes(4)))
             at = builder.gep(dst, [ir.Constant(_I32, 32 * i + first)])
             _store_dequantized(builder, at, q, ir.Constant(_I32, 32), d, None)
 
@@ -369,17 +372,13 @@ def dequant_q6_quarters(typingctx, w, lo, hi, d0, d1, d2, d3, out, oi):
 def _five_bit_fields(builder, q_ptr, h_ptr, shift, bit, d, m, dst):
     # see dequant_u5_sub; shift, bit: i32 values
     by_shift, by_bit = (_splat(builder, v, LANES) for v in (shift, bit))
-    one, four, fifteen = (_splat(builder, ir.Constant(_I32, v), LANES) for v in (1, 4, 15))
     for first in range(0, 32, LANES):
-        at = ir.Constant(_I32, first)
-        low, top = (
-            builder.zext(_load(builder, builder.gep(p, [at]), _vec(_I8, LANES)), one.type)
-            for p in (q_ptr, h_ptr)
-        )
-        low = builder.and_(builder.lshr(low, by_shift), fifteen)
-        top = builder.shl(builder.and_(builder.lshr(top, by_bit), one), four)
+        low, top = (_byte_lanes(builder, p, first) for p in (q_ptr, h_ptr))
+        low = builder.and_(builder.lshr(low, by_shift), _i32_lanes(15))
+        top = builder.shl(builder.and_(builder.lshr(top, by_bit), _i32_lanes(1)), _i32_lanes(4))
         q = builder.or_(low, top)
-        _store_dequantized(builder, builder.gep(dst, [at]), q, ir.Constant(_I32, 0), d, m)
+        at = builder.gep(dst, [ir.Constant(_I32, first)])
+        _store_dequantized(builder, at, q, ir.Constant(_I32, 0), d, m)
 
 
 @intrinsic
@@ -576,8 +575,8 @@ def _f32_lanes(builder, ptr, elem):
     if elem == _F32:
         return _load(builder, ptr, _vec(_F32, LANES))
     w = builder.sext(_load(builder, ptr, _vec(_I16, LANES)), _vec(_I32, LANES))
-    w = builder.shl(w, _splat(builder, ir.Constant(_I32, F16_SHIFT), LANES))
-    w = builder.and_(w, _splat(builder, ir.Constant(_I32, F16_MASK), LANES))
+    w = builder.shl(w, _i32_lanes(F16_SHIFT))
+    w = builder.and_(w, _i32_lanes(F16_MASK))
     rebias = _splat(builder, ir.Constant(_F32, F16_REBIAS), LANES)
     return builder.fmul(builder.bitcast(w, _vec(_F32, LANES)), rebias)
 
