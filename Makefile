@@ -5,13 +5,19 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 MODEL  ?= smollm2-135m-instruct
+# llama.cpp's AMX kernels crash on Sapphire Rapids machines we run on (segfault in
+# ggml_backend_amx_mul_mat on the first matmul, ggml-org/llama.cpp#20824), so x86-64 builds of
+# llama-cpp-python leave them out; its AVX-512 and AVX2 kernels stay. pip's wheel cache would
+# reuse a build made with other flags (it ignores CMAKE_ARGS), hence --no-cache-dir.
+LLAMA_CMAKE_ARGS := $(if $(filter x86_64 amd64,$(shell uname -m)),-DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8)
 
 .PHONY: setup chat test lint format bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc 2>/dev/null || echo 2) $(BIN)/pip install -e '.[dev]'
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $$CMAKE_ARGS" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc 2>/dev/null || echo 2) \
+		$(BIN)/pip install --no-cache-dir -e '.[dev]'
 	touch $(STAMP)
 
 setup: $(STAMP)
