@@ -23,7 +23,7 @@ import numpy as np
 
 import edgeinfer.models.base as base
 from edgeinfer import kernels
-from edgeinfer.kernels.block_matmul import Fused
+from edgeinfer.kernels.block_matmul import PartsKernel
 from edgeinfer.runner import ModelRunner
 
 # Thin Python wrappers around one compiled kernel each (their own overhead is an np.empty).
@@ -73,10 +73,12 @@ def _instrumented(runner: ModelRunner, clock: _Clock):
     saved_units = {
         (u, f): getattr(u, f) for u in units for f in kernel_fields if getattr(u, f) is not None
     }
-    saved_kernels = {fn: fn.kernel for fn in saved_units.values() if isinstance(fn, Fused)}
+    bound = PartsKernel  # units' kernels that Linear binds at load
+    saved_kernels = {fn: fn.kernel for fn in saved_units.values() if isinstance(fn, bound)}
     saved_tiled = kmatmul.matmul_tiled
     linears = [lin for lin in all_linears if lin.small is not None]
     saved_small = [lin.small for lin in linears]
+    saved_row_wise = [lin.row_wise for lin in all_linears]
 
     def linear_call(self, x, row_wise=False):
         t0 = time.perf_counter()
@@ -93,12 +95,14 @@ def _instrumented(runner: ModelRunner, clock: _Clock):
         base.Linear.__call__ = linear_call
         base.kernels.embedding = clock.wrap("embedding", saved_embedding)
         for (u, f), fn in saved_units.items():
-            if isinstance(fn, Fused):  # time the compiled kernel, not the Python around it
+            if isinstance(fn, bound):  # time the compiled kernel, not the Python around it
                 fn.kernel = clock.wrap(COMPILED_MATMUL, fn.kernel)
             else:  # units are frozen dataclasses; this swap is undone below
                 object.__setattr__(u, f, clock.wrap(COMPILED_MATMUL, fn))
         for lin in linears:  # decode calls go to kernels bound at load: bind the timed ones
             lin.small = kernels.bind_stacked(lin.parts, lin.small_packed)
+        for lin in all_linears:
+            lin.row_wise = kernels.bind_row_wise(lin.parts)
         # types without a fused small-n kernel go through dequantize tiles + BLAS
         kmatmul.matmul_tiled = clock.wrap(COMPILED_MATMUL, saved_tiled)
         yield
@@ -113,6 +117,8 @@ def _instrumented(runner: ModelRunner, clock: _Clock):
             fn.kernel = kernel
         for lin, small in zip(linears, saved_small, strict=True):
             lin.small = small
+        for lin, row_wise in zip(all_linears, saved_row_wise, strict=True):
+            lin.row_wise = row_wise
         kmatmul.matmul_tiled = saved_tiled
 
 

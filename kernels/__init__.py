@@ -4,6 +4,7 @@
     QuantWeight.from_raw(data, qtype, shape)   .shape (out, in) .qtype .nbytes .extra_nbytes
     matmul(x, w)      # x: float32[n, in], w: [out, in] -> float32[n, out]
     bind_stacked(parts, stack(parts))(x)   # several weights of one type, one launch
+    bind_row_wise(parts)(x)   # the same on matmul's row-wise path
     embedding(w, ids) # w: [vocab, dim], ids: int[n] -> float32[n, dim]
     set_threads(n) / get_threads()
 
@@ -25,7 +26,7 @@ refresh(Path(__file__).parent)  # before any kernel is loaded from the disk cach
 import numpy as np  # noqa: E402
 
 from . import threads  # noqa: E402
-from .matmul import bind_stacked, embedding, matmul  # noqa: E402
+from .matmul import bind_row_wise, bind_stacked, embedding, matmul  # noqa: E402
 from .registry import (  # noqa: E402
     QuantType,
     UnsupportedTypeError,
@@ -53,6 +54,7 @@ __all__ = [
     "QuantType",
     "QuantWeight",
     "UnsupportedTypeError",
+    "bind_row_wise",
     "bind_stacked",
     "dequantize",
     "embedding",

@@ -113,10 +113,9 @@ def parts_of(raw):
     return raw.reshape(-1), np.zeros(1, np.int64), np.array([raw.shape[0]], np.int64)
 
 
-class Fused:
-    """A unit's `matmul_small`, from its jitted wrapper of block_matmul
-    kernel(flat, starts, ends, halves, x, out), on the packed (flat, starts, ends) of `parts_of`
-    or `kernels.stack`."""
+class PartsKernel:
+    """A jitted kernel(flat, starts, ends, halves, x, out) on the (flat, starts, ends) of one or
+    more weights' bytes (`parts_of`, `kernels.stack`), with floatbits.HALF_TABLE passed."""
 
     def __init__(self, kernel):
         self.kernel = kernel
@@ -127,3 +126,7 @@ class Fused:
     def bind(self, packed):
         """-> f(x, out): the kernel with its weight arguments bound, no Python frame between."""
         return partial(self.kernel, *packed, HALF_TABLE)
+
+
+class Fused(PartsKernel):
+    """A unit's `matmul_small`, from its jitted wrapper of block_matmul."""

@@ -6,7 +6,7 @@ from gguf import GGMLQuantizationType
 from numba import njit
 
 from .floatbits import half_to_float
-from .matmul import each_row, row_tile_matmul, with_halves
+from .matmul import RowTile, each_row, row_tile_matmul, with_halves
 from .registry import QuantType, register
 
 
@@ -24,10 +24,11 @@ def dequantize_rows(raw, halves, out):
     each_row(dequantize_row, raw, halves, out)
 
 
-# raw: [out, cols * 2], x: [n, in] -> out: [n, out]
+# flat, starts, ends: one or more weights' rows of cols * 2 (matmul.row_tile_matmul),
+# x: [n, in] -> out: [n, rows]
 @njit(parallel=True, cache=True, fastmath=True)
-def matmul_rows(raw, halves, x, out):
-    row_tile_matmul(dequantize_row, raw, halves, x, out)
+def matmul_rows(flat, starts, ends, halves, x, out):
+    row_tile_matmul(dequantize_row, flat, starts, ends, halves, x, out, 1, 2)
 
 
 UNIT = register(
@@ -37,6 +38,6 @@ UNIT = register(
         type_size=2,
         dequantize_rows=with_halves(dequantize_rows),
         matmul_small=None,
-        matmul_rows=with_halves(matmul_rows),
+        matmul_rows=RowTile(matmul_rows),
     )
 )

@@ -6,7 +6,7 @@ from gguf import GGMLQuantizationType
 from numba import njit
 
 from . import threads
-from .matmul import row_tile_matmul, with_halves
+from .matmul import RowTile, row_tile_matmul
 from .registry import QuantType, register
 
 
@@ -21,10 +21,11 @@ def dequantize_row(raw, halves, out):
     out[:] = raw.view(np.float32)
 
 
-# raw: [out, cols * 4], x: [n, in] -> out: [n, out]
+# flat, starts, ends: one or more weights' rows of cols * 4 (matmul.row_tile_matmul),
+# x: [n, in] -> out: [n, rows]
 @njit(parallel=True, cache=True, fastmath=True)
-def matmul_rows(raw, halves, x, out):
-    row_tile_matmul(dequantize_row, raw, halves, x, out)
+def matmul_rows(flat, starts, ends, halves, x, out):
+    row_tile_matmul(dequantize_row, flat, starts, ends, halves, x, out, 1, 4)
 
 
 def repack(raw):
@@ -50,6 +51,6 @@ UNIT = register(
         matmul_small=matmul_small,
         repack=repack,
         small_n_max=1 << 62,
-        matmul_rows=with_halves(matmul_rows),
+        matmul_rows=RowTile(matmul_rows),
     )
 )

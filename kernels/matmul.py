@@ -8,10 +8,10 @@ import numpy as np
 from numba import njit, prange
 
 from . import threads
-from .block_matmul import Fused
+from .block_matmul import Fused, PartsKernel, row_offset
 from .floatbits import HALF_TABLE
 from .simd import DOT_COLS, DOT_ROWS, dot_tile
-from .weight import QuantWeight
+from .weight import QuantWeight, stack_rows
 
 # Rows of W dequantized per BLAS call in the large-n path: a float32 tile of about this many bytes
 # stays in L2/L3 while BLAS streams x through it.
@@ -60,21 +60,29 @@ def with_halves(kernel: Callable) -> Callable:
     return call
 
 
-# x: [n, in], raw: [out, row_bytes] -> out: [n, out]. Each prange item dequantizes _tile_rows
-# rows into a float buffer, so W is unpacked once for all n, then multiplies (_tile_products).
-# Inlined like `each_row`.
+# flat, starts, ends: one or more weights' bytes (block_matmul.row_offset: Q, K and V in one
+# launch), x: [n, in] -> out: [n, sum of the parts' rows]; a row is in // block blocks of
+# block_bytes. Each prange item dequantizes _tile_rows rows into a float buffer, so W is
+# unpacked once for all n, then multiplies (_tile_products). Inlined like `each_row`.
 @njit(cache=True, inline="always")
-def row_tile_matmul(dequantize_row, raw, halves, x, out):
-    rows = raw.shape[0]
+def row_tile_matmul(dequantize_row, flat, starts, ends, halves, x, out, block, block_bytes):
+    rows = ends[ends.shape[0] - 1]
     k = x.shape[1]
+    row_bytes = k // block * block_bytes
     tile = _tile_rows(k)
     for g in prange((rows + tile - 1) // tile):
         r0 = g * tile
         last = min(tile, rows - r0) - 1
         w = np.empty((tile, k), np.float32)
         for i in range(last + 1):
-            dequantize_row(raw[r0 + i], halves, w[i])
+            at = row_offset(starts, ends, r0 + i, row_bytes)
+            dequantize_row(flat[at : at + row_bytes], halves, w[i])
         _tile_products(w, last, x, out, r0)
+
+
+class RowTile(PartsKernel):
+    """A unit's `matmul_rows`, from its jitted wrapper of row_tile_matmul (on a weight's
+    `row_parts`, or on `weight.stack_rows`)."""
 
 
 # w: [tile rows, in] (rows 0..last dequantized), x: [n, in] -> out[:, r0 : r0 + last + 1]. For
@@ -158,9 +166,11 @@ def matmul(x: np.ndarray, w: QuantWeight, row_wise: bool = False) -> np.ndarray:
     what a batching engine needs to give each sequence the numbers it would get alone. (BLAS
     rounds a row depending on its place in the call's blocking.)
     """
+    if row_wise:
+        return bind_row_wise([w])(x)
     x = _check_x(x, w)
     threads.apply()
-    return _row_wise(x, w) if row_wise else _by_n(x, w)
+    return _by_n(x, w)
 
 
 def bind_stacked(parts: list[QuantWeight], packed: tuple) -> Callable[[np.ndarray], np.ndarray]:
@@ -191,7 +201,7 @@ def _by_n(x: np.ndarray, w: QuantWeight) -> np.ndarray:
     if w.unit.matmul_small is not None and n <= w.unit.small_n_max:
         w.unit.matmul_small(w.packed, x, out)
     elif w.unit.matmul_rows is not None and n <= w.unit.rows_n_max:
-        w.unit.matmul_rows(w.raw, x, out)
+        w.unit.matmul_rows(w.row_parts, x, out)
     else:
         matmul_tiled(x, w, out)
     return out
@@ -210,20 +220,36 @@ ROW_WISE_FUSED_MIN = 32
 ROW_WISE_X_BYTES = 2 << 20
 
 
-def _row_wise(x: np.ndarray, w: QuantWeight) -> np.ndarray:
-    # One kernel at every n: a row's bits must not depend on how many rows share the call. Every
-    # unit's row-tile kernel and the quantized units' fused kernels compute each row on its own
-    # (F32's small kernel is BLAS, which does not), so x can also be cut into blocks.
-    n = x.shape[0]
-    out = np.empty((n, w.shape[0]), np.float32)
-    unit = w.unit
-    if isinstance(unit.matmul_small, Fused) and unit.small_n_max >= ROW_WISE_FUSED_MIN:
-        unit.matmul_small(w.packed, x, out)
+def bind_row_wise(parts: list[QuantWeight]) -> Callable[[np.ndarray], np.ndarray]:
+    """-> f(x): x: float32[n, in] -> float32[n, sum of the parts' outs], every row through
+    `matmul`'s row-wise path, the parts (weights of one type and input size in one buffer, as
+    Q, K and V are in a model file) in one kernel launch; others part by part.
+
+    One kernel at every n: a row's bits must not depend on how many rows share the call. Every
+    unit's row-tile kernel and the quantized units' fused kernels compute each row on its own
+    (F32's small kernel is BLAS, which does not), so x can also be cut into blocks.
+    """
+    first = parts[0]
+    stacked = stack_rows(parts) if len(parts) > 1 else first.row_parts
+    if stacked is None:
+        calls = [bind_row_wise([p]) for p in parts]
+        return lambda x: np.concatenate([call(x) for call in calls], axis=1)
+    unit = first.unit
+    out_cols = sum(p.shape[0] for p in parts)
+    fused = isinstance(unit.matmul_small, Fused) and unit.small_n_max >= ROW_WISE_FUSED_MIN
+    kernel = (unit.matmul_small if fused else unit.matmul_rows).bind(stacked)
+    # the fused kernel quantizes x row by row and reads W once per row group: no block needed
+    step = 1 << 62 if fused else max(2, ROW_WISE_X_BYTES // (4 * first.shape[1]))
+
+    def call(x: np.ndarray) -> np.ndarray:
+        x = _check_x(x, first)
+        threads.apply()
+        out = np.empty((x.shape[0], out_cols), np.float32)
+        for i in range(0, x.shape[0], step):
+            kernel(x[i : i + step], out[i : i + step])
         return out
-    step = max(2, ROW_WISE_X_BYTES // (4 * x.shape[1]))
-    for i in range(0, n, step):
-        unit.matmul_rows(w.raw, x[i : i + step], out[i : i + step])
-    return out
+
+    return call
 
 
 def embedding(w: QuantWeight, ids) -> np.ndarray:

@@ -9,7 +9,7 @@ from numba import njit
 
 from .block_matmul import Fused, block_matmul, parts_of
 from .floatbits import read_half
-from .matmul import each_row, row_tile_matmul, with_halves
+from .matmul import RowTile, each_row, row_tile_matmul, with_halves
 from .registry import QuantType, register
 from .simd import dequant_u5, dot_u5
 
@@ -33,10 +33,11 @@ def dequantize_rows(raw, halves, out):
     each_row(dequantize_row, raw, halves, out)
 
 
-# raw: [out, nb * 24], x: [n, in] -> out: [n, out]
+# flat, starts, ends: one or more weights' rows of nb * 24 (matmul.row_tile_matmul),
+# x: [n, in] -> out: [n, rows]
 @njit(parallel=True, cache=True, fastmath=True)
-def matmul_rows(raw, halves, x, out):
-    row_tile_matmul(dequantize_row, raw, halves, x, out)
+def matmul_rows(flat, starts, ends, halves, x, out):
+    row_tile_matmul(dequantize_row, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE)
 
 
 # acc: [LANES], w: one row's bytes, off: block b's offset in w, xr: [in] int8, xsr: [nb] sums of
@@ -64,6 +65,6 @@ UNIT = register(
         repack=parts_of,
         # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
         small_n_max=5,
-        matmul_rows=with_halves(matmul_rows),
+        matmul_rows=RowTile(matmul_rows),
     )
 )

@@ -13,7 +13,7 @@ from .block_matmul import Fused, block_matmul, parts_of
 from .floatbits import read_half
 from .kquant_common import QK_K, SUM_GROUP, scale_min_k4
 from .kquant_dot import GROUPS, Field, Layout, super_block_dot
-from .matmul import each_row, row_tile_matmul, with_halves
+from .matmul import RowTile, each_row, row_tile_matmul, with_halves
 from .registry import QuantType, register
 from .simd import dequant_u5_sub
 
@@ -43,10 +43,11 @@ def dequantize_rows(raw, halves, out):
     each_row(dequantize_row, raw, halves, out)
 
 
-# raw: [out, nb*176], x: [n, in] -> out: [n, out]
+# flat, starts, ends: one or more weights' rows of nb*176 (matmul.row_tile_matmul),
+# x: [n, in] -> out: [n, rows]
 @njit(parallel=True, cache=True, fastmath=True)
-def matmul_rows(raw, halves, x, out):
-    row_tile_matmul(dequantize_row, raw, halves, x, out)
+def matmul_rows(flat, starts, ends, halves, x, out):
+    row_tile_matmul(dequantize_row, flat, starts, ends, halves, x, out, QK_K, TYPE_SIZE)
 
 
 # sub-block j: low 4 bits as in Q4_K, bit j of qh byte l as bit 4 of element l
@@ -87,6 +88,6 @@ register(
         repack=parts_of,
         # crossover with matmul_rows, measured (CPU time, 1 thread, [1024, 4096] weight)
         small_n_max=12,
-        matmul_rows=with_halves(matmul_rows),
+        matmul_rows=RowTile(matmul_rows),
     )
 )

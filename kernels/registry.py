@@ -30,14 +30,16 @@ Unit interface (what a unit module provides):
   row), halves: `floatbits.HALF_TABLE` (for float16 scales), out: float32[cols] -> None, bit-exact
   like `dequantize_rows`. Units build `dequantize_rows` and `matmul_rows` on it with
   `kernels.matmul.each_row` / `row_tile_matmul`, inlined into `@njit(parallel=True, cache=True)`
-  functions of their own (so Numba's disk cache keys them) that take the table after `raw`;
-  `kernels.matmul.with_halves` passes it and gives them the signatures below.
-- `matmul_rows(raw, x, out)`: mid-n matmul on the raw bytes (raw: uint8[out, row_bytes],
-  x: float32[n, in] (C), out: float32[n, out] (C) -> None), for small_n_max < n <= `rows_n_max`;
-  larger n go to the generic path in `kernels/matmul.py` (dequantize cache-sized row tiles with
-  `dequantize_rows`, multiply with BLAS). Every unit has one: it also serves every n of the
-  row-wise (batch-invariant) path, so each output row must be computed on its own, its bits
-  independent of n and of the threads (`row_tile_matmul` does that).
+  functions of their own (so Numba's disk cache keys them) that take the table after the weight
+  arguments; `kernels.matmul.with_halves` and `kernels.matmul.RowTile` pass it and give them the
+  signatures below.
+- `matmul_rows(parts, x, out)`: mid-n matmul on the raw bytes (parts: (flat, starts, ends), a
+  weight's `row_parts` or several weights' `weight.stack_rows`, x: float32[n, in] (C),
+  out: float32[n, out] (C) -> None), a `kernels.matmul.RowTile`, for small_n_max < n <=
+  `rows_n_max`; larger n go to the generic path in `kernels/matmul.py` (dequantize cache-sized
+  row tiles with `dequantize_rows`, multiply with BLAS). Every unit has one: it also serves every
+  n of the row-wise (batch-invariant) path, so each output row must be computed on its own, its
+  bits independent of n and of the threads (`row_tile_matmul` does that).
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ class QuantType:
     matmul_small: Callable | None  # (packed tuple, x f32[n, in], out f32[n, out]) -> None
     repack: Callable = _identity_repack  # (raw u8[out, row_bytes]) -> packed tuple
     small_n_max: int = 16
-    matmul_rows: Callable | None = None  # (raw u8[out, row_bytes], x f32[n, in], out f32[n, out])
+    matmul_rows: Callable | None = None  # ((flat, starts, ends), x f32[n, in], out f32[n, out])
     # Above this BLAS on dequantized tiles wins: measured n = 64-128 on SmolLM2's [1536, 576] and
     # [576, 1536] weights, 32-64 on [1024, 4096] (CPU time, 1 thread, every quantized type).
     rows_n_max: int = 64

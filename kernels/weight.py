@@ -44,10 +44,11 @@ class QuantWeight:
     """A weight [out, in] in GGML type `qtype`; matmul/embedding read it without dequantizing it.
 
     raw: uint8[out, row_bytes], a view of the memory-mapped file; packed: the unit's load-time
-    layout (views of raw plus at most ~10 % extra arrays).
+    layout (views of raw plus at most ~10 % extra arrays); row_parts: raw as the row-tile
+    kernel's (flat, starts, ends) (views plus 16 bytes).
     """
 
-    __slots__ = ("shape", "qtype", "unit", "raw", "packed", "extra_nbytes")
+    __slots__ = ("shape", "qtype", "unit", "raw", "packed", "row_parts", "extra_nbytes")
 
     def __init__(self, raw: np.ndarray, unit: QuantType, shape: tuple[int, int]):
         self.shape = shape
@@ -55,7 +56,9 @@ class QuantWeight:
         self.unit = unit
         self.raw = raw
         self.packed = unit.repack(raw)
-        self.extra_nbytes = sum(a.nbytes for a in self.packed if not np.may_share_memory(a, raw))
+        self.row_parts = self.packed if unit.repack is parts_of else parts_of(raw)
+        arrays = {id(a): a for a in (*self.packed, *self.row_parts)}.values()
+        self.extra_nbytes = sum(a.nbytes for a in arrays if not np.may_share_memory(a, raw))
 
     @classmethod
     def from_raw(cls, data: np.ndarray, qtype, shape) -> QuantWeight:
@@ -86,12 +89,18 @@ def _buffer(a: np.ndarray) -> np.ndarray:
 
 def stack(parts: list[QuantWeight]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """The packed (flat, starts, ends) that runs the fused small-n kernel once over `parts`
-    (one output, their rows in order), or None: parts of different types or input sizes, of a
-    unit without a block-matmul kernel, or not in one buffer (a model file's are). No copy."""
+    (one output, their rows in order), or None: as `stack_rows`, or a unit without a
+    block-matmul kernel. No copy."""
+    if parts[0].unit.repack is not parts_of:  # the units whose small-n kernel is block_matmul
+        return None
+    return stack_rows(parts)
+
+
+def stack_rows(parts: list[QuantWeight]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The (flat, starts, ends) that runs the row-tile kernel once over `parts`, or None: parts
+    of different types or input sizes, or not in one buffer (a model file's are). No copy."""
     unit, cols = parts[0].unit, parts[0].shape[1]
     if len(parts) < 2 or any(p.unit is not unit or p.shape[1] != cols for p in parts):
-        return None
-    if unit.repack is not parts_of:  # the units whose small-n kernel is block_matmul
         return None
     buf = _buffer(parts[0].raw)
     if any(_buffer(p.raw) is not buf for p in parts) or not buf.flags.c_contiguous:

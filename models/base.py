@@ -57,23 +57,27 @@ class Linear:
         self.parts = parts
         self.bias = bias
         self.shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
-        # Decode-sized calls go straight to the fused kernel, one weight or stacked parts alike
-        # (parts of one type that the file does not store back to back, Q, K, V, still share
-        # one kernel launch): a step makes about four per layer, and the general path's dispatch
-        # by n costs a third of a small call.
+        # Decode-sized calls go straight to the fused kernel, and row-wise calls (every engine
+        # step) to the row-tile kernel, one weight or stacked parts alike (parts of one type
+        # that the file does not store back to back, Q, K, V, still share one kernel launch): a
+        # step makes about four per layer, and the general path's dispatch by n costs a third of
+        # a small call.
         unit = parts[0].unit
         self.small_packed = kernels.stack(parts) if len(parts) > 1 else parts[0].packed
         fused = unit.matmul_small is not None and self.small_packed is not None
         self._small_n_max = unit.small_n_max if fused else -1
         self.small = kernels.bind_stacked(parts, self.small_packed) if fused else None
+        self.row_wise = kernels.bind_row_wise(parts)
 
     def __call__(self, x: np.ndarray, row_wise: bool = False) -> np.ndarray:
-        if not row_wise and x.shape[0] <= self._small_n_max:
+        if row_wise:
+            y = self.row_wise(x)
+        elif x.shape[0] <= self._small_n_max:
             y = self.small(x)
         elif len(self.parts) == 1:
-            y = kernels.matmul(x, self.parts[0], row_wise)
+            y = kernels.matmul(x, self.parts[0])
         else:
-            y = np.concatenate([kernels.matmul(x, p, row_wise) for p in self.parts], axis=1)
+            y = np.concatenate([kernels.matmul(x, p) for p in self.parts], axis=1)
         if self.bias is not None:
             y += self.bias
         return y

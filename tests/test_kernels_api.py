@@ -109,9 +109,39 @@ def test_stacked_weights_in_one_buffer_give_each_parts_own_rows(qtype):
         assert got.shape == (n, sum(outs)) and np.isfinite(got).all()
         assert np.array_equal(got, want)
     other = kernels.QuantWeight.from_raw(np.zeros(8 * cols, np.float32), T.F32, (8, cols))
-    assert kernels.stack([parts[0], other]) is None
     apart = kernels.QuantWeight.from_raw(buf[: row_bytes * 12].copy(), qtype, (12, cols))
+    assert kernels.stack([parts[0], other]) is None
     assert kernels.stack([parts[0], apart]) is None  # not in one buffer
+    # the row-wise path: one launch over the parts in one buffer, part by part otherwise
+    for group in (parts, [parts[0], other], [parts[0], apart]):
+        for n in (1, 7, 70):
+            x = rng.standard_normal((n, cols), dtype=np.float32)
+            want = np.concatenate([kernels.matmul(x, p, row_wise=True) for p in group], axis=1)
+            got = kernels.bind_row_wise(group)(x)
+            assert got.shape == want.shape and np.isfinite(got).all()
+            assert np.array_equal(got, want)
+
+
+def test_float32_weights_in_one_buffer_share_one_row_wise_launch():
+    # F32's small-n kernel is BLAS on its own layout (no stack), but its row-tile kernel reads
+    # the file's bytes like the quantized units' do
+    from edgeinfer.kernels.weight import stack_rows
+
+    rng = np.random.default_rng(11)
+    cols, outs = 96, (20, 9)
+    buf = rng.standard_normal(sum(outs) * cols + cols).astype(np.float32).view(np.uint8)
+    buf.flags.writeable = False
+    row_bytes = 4 * cols
+    parts = [
+        kernels.QuantWeight.from_raw(buf[row_bytes : row_bytes * 21], T.F32, (20, cols)),
+        kernels.QuantWeight.from_raw(buf[row_bytes * 21 :], T.F32, (9, cols)),
+    ]
+    assert kernels.stack(parts) is None and stack_rows(parts) is not None
+    x = rng.standard_normal((5, cols), dtype=np.float32)
+    wf = buf[row_bytes:].view(np.float32).reshape(29, cols).astype(np.float64)
+    got = kernels.bind_row_wise(parts)(x)
+    assert np.allclose(got, x @ wf.T, rtol=1e-5, atol=1e-5)
+    assert np.array_equal(got[:, 20:], kernels.matmul(x, parts[1], row_wise=True))
 
 
 def test_row_wise_blocks_of_a_wide_input_give_the_same_bits():
@@ -212,7 +242,7 @@ def check_row_tile_matmul(data: np.ndarray, qtype, out_dim: int, in_dim: int, rn
 
     def rows(xs):
         out = np.full((xs.shape[0], out_dim), np.nan, np.float32)
-        w.unit.matmul_rows(w.raw, np.ascontiguousarray(xs), out)
+        w.unit.matmul_rows(w.row_parts, np.ascontiguousarray(xs), out)
         return out
 
     full = rows(x)
