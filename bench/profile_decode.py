@@ -73,8 +73,8 @@ def _instrumented(runner: ModelRunner, clock: _Clock):
     saved_units = {
         (u, f): getattr(u, f) for u in units for f in kernel_fields if getattr(u, f) is not None
     }
-    bound = PartsKernel  # units' kernels that Linear binds at load
-    saved_kernels = {fn: fn.kernel for fn in saved_units.values() if isinstance(fn, bound)}
+    # units' kernels that Linear binds at load
+    saved_kernels = {fn: fn.kernel for fn in saved_units.values() if isinstance(fn, PartsKernel)}
     saved_tiled = kmatmul.matmul_tiled
     linears = [lin for lin in all_linears if lin.small is not None]
     saved_small = [lin.small for lin in linears]
@@ -95,7 +95,7 @@ def _instrumented(runner: ModelRunner, clock: _Clock):
         base.Linear.__call__ = linear_call
         base.kernels.embedding = clock.wrap("embedding", saved_embedding)
         for (u, f), fn in saved_units.items():
-            if isinstance(fn, bound):  # time the compiled kernel, not the Python around it
+            if isinstance(fn, PartsKernel):  # time the compiled kernel, not the Python around it
                 fn.kernel = clock.wrap(COMPILED_MATMUL, fn.kernel)
             else:  # units are frozen dataclasses; this swap is undone below
                 object.__setattr__(u, f, clock.wrap(COMPILED_MATMUL, fn))

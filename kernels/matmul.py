@@ -180,15 +180,24 @@ def bind_stacked(parts: list[QuantWeight], packed: tuple) -> Callable[[np.ndarra
     Everything about the weights is settled here, once: a decode step makes about four such
     calls per layer, and the Python around a small call costs a tenth of it.
     """
+    return _bound(parts, parts[0].unit.bind_small(packed), step=None)
+
+
+def _bound(parts: list[QuantWeight], kernel: Callable, step: int | None) -> Callable:
+    # kernel(x, out) on x in blocks of `step` rows (None: whole), checked and threaded as
+    # kernels.matmul would, into out: float32[n, sum of the parts' outs]
     first = parts[0]
     out_cols = sum(p.shape[0] for p in parts)
-    kernel = first.unit.bind_small(packed)
 
     def call(x: np.ndarray) -> np.ndarray:
         x = _check_x(x, first)
         threads.apply()
         out = np.empty((x.shape[0], out_cols), np.float32)
-        kernel(x, out)
+        if step is None or x.shape[0] <= step:
+            kernel(x, out)
+        else:
+            for i in range(0, x.shape[0], step):
+                kernel(x[i : i + step], out[i : i + step])
         return out
 
     return call
@@ -235,21 +244,11 @@ def bind_row_wise(parts: list[QuantWeight]) -> Callable[[np.ndarray], np.ndarray
         calls = [bind_row_wise([p]) for p in parts]
         return lambda x: np.concatenate([call(x) for call in calls], axis=1)
     unit = first.unit
-    out_cols = sum(p.shape[0] for p in parts)
-    fused = isinstance(unit.matmul_small, Fused) and unit.small_n_max >= ROW_WISE_FUSED_MIN
-    kernel = (unit.matmul_small if fused else unit.matmul_rows).bind(stacked)
-    # the fused kernel quantizes x row by row and reads W once per row group: no block needed
-    step = 1 << 62 if fused else max(2, ROW_WISE_X_BYTES // (4 * first.shape[1]))
-
-    def call(x: np.ndarray) -> np.ndarray:
-        x = _check_x(x, first)
-        threads.apply()
-        out = np.empty((x.shape[0], out_cols), np.float32)
-        for i in range(0, x.shape[0], step):
-            kernel(x[i : i + step], out[i : i + step])
-        return out
-
-    return call
+    if isinstance(unit.matmul_small, Fused) and unit.small_n_max >= ROW_WISE_FUSED_MIN:
+        # it quantizes x row by row and reads W once per row group: no blocks needed
+        return _bound(parts, unit.matmul_small.bind(stacked), step=None)
+    step = max(2, ROW_WISE_X_BYTES // (4 * first.shape[1]))
+    return _bound(parts, unit.matmul_rows.bind(stacked), step)
 
 
 def embedding(w: QuantWeight, ids) -> np.ndarray:
