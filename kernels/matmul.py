@@ -103,16 +103,21 @@ def _tile_products(w, last, x, out, r0):
     n, k = x.shape
     block = _tile_tokens(k)
     wf, xf, outf = w.reshape(-1), x.reshape(-1), out.reshape(-1)
+    step = out.shape[1]
     for t0 in range(0, n, block):
         t_end = min(t0 + block, n)
         for i in range(0, last + 1, DOT_ROWS):
             rows = min(DOT_ROWS, last + 1 - i)
-            for t in range(t0, t_end, DOT_COLS):
-                at = t * out.shape[1] + r0 + i
-                if t + 1 < t_end:
-                    _rows_by(rows, 2, wf, i, xf, t, k, outf, at, out.shape[1])
-                else:
-                    _rows_by(rows, 1, wf, i, xf, t, k, outf, at, out.shape[1])
+            t = t0
+            while t + DOT_COLS <= t_end:
+                _rows_by(rows, DOT_COLS, wf, i, xf, t, k, outf, t * step + r0 + i, step)
+                t += DOT_COLS
+            # the last activation rows: in twos, then one (DOT_COLS is 2 or 4)
+            while t + 2 <= t_end:
+                _rows_by(rows, 2, wf, i, xf, t, k, outf, t * step + r0 + i, step)
+                t += 2
+            if t < t_end:
+                _rows_by(rows, 1, wf, i, xf, t, k, outf, t * step + r0 + i, step)
 
 
 # simd.dot_tile of rows (1 to DOT_ROWS) rows of wf from row i by cols (a literal) rows of xf
@@ -120,13 +125,11 @@ def _tile_products(w, last, x, out, r0):
 # last rows of a weight) goes a row at a time: the same bits, and too rare to need its own tiles.
 @njit(cache=True, inline="always")
 def _rows_by(rows, cols, wf, i, xf, t, k, outf, at, step):
-    x_at = (t * k, (t + 1) * k)
     if rows == DOT_ROWS:
-        w_at = (i * k, (i + 1) * k, (i + 2) * k, (i + 3) * k, (i + 4) * k)
-        dot_tile(DOT_ROWS, cols, wf, w_at, xf, x_at, k, outf, at, step)
+        dot_tile(DOT_ROWS, cols, wf, i * k, xf, t * k, k, outf, at, step)
     else:
         for r in range(rows):
-            dot_tile(1, cols, wf, ((i + r) * k,), xf, x_at, k, outf, at + r, step)
+            dot_tile(1, cols, wf, (i + r) * k, xf, t * k, k, outf, at + r, step)
 
 
 def _check_x(x: np.ndarray, w: QuantWeight) -> np.ndarray:

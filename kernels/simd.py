@@ -16,9 +16,10 @@ arrays and offsets they have checked (weight rows validated by the loader, activ
 blocks).
 """
 
+import llvmlite.binding as llvm
 from llvmlite import ir
 from llvmlite.ir.instructions import Instruction
-from numba import types
+from numba import config, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -430,34 +431,51 @@ def dequant_i8(typingctx, w, wi, d, out, oi):
     return types.void(w, wi, types.float32, out, oi), codegen
 
 
-DOT_ROWS, DOT_COLS = 5, 2  # the largest dot_tile (matmul._rows_by writes its 5 rows out)
+def _wide_vectors() -> bool:
+    # Whether the code Numba compiles has 32 vector registers of 512 bits (x86's AVX-512): the
+    # target features as Numba's own codegen picks them (NUMBA_CPU_FEATURES, else the host's).
+    # Only dot_tile's shape follows it; the IR stays the same portable vector code.
+    features = config.CPU_FEATURES
+    if features is None:
+        features = llvm.get_host_cpu_features().flatten()
+    return "+avx512f" in features.split(",")
 
 
-def _vector_fma(builder):
-    # llvm.fma on <LANES x float>: a fused multiply-add that no fast-math flag can reorder
-    vec = _vec(_F32, LANES)
+# dot_tile's largest shape (matmul._rows_by) and its vector width, in floats: DOT_ROWS *
+# DOT_COLS accumulators of DOT_LANES floats, plus a vector per activation row, must fit the
+# register file. With 32 registers of 16 floats, 6 x 4 tiles of 16 lanes took 26-40 % less time
+# than 5 x 2 tiles of 8 at n = 16 to 512 and 10-20 % less at n = 4 (Q4_1 [3072, 576] and
+# [576, 1536], in-process A/B, 2 threads, Zen 5); 5 x 5 and 8 x 3 came within noise of it.
+# With 16 registers of 8 floats (AVX2), 6 x 4 would spill.
+DOT_LANES, DOT_ROWS, DOT_COLS = (16, 6, 4) if _wide_vectors() else (LANES, 5, 2)
+
+
+def _vector_fma(builder, lanes=LANES):
+    # llvm.fma on <lanes x float>: a fused multiply-add that no fast-math flag can reorder
+    vec = _vec(_F32, lanes)
     return builder.module.declare_intrinsic(
-        "llvm.fma.v8f32", fnty=ir.FunctionType(vec, [vec, vec, vec])
+        f"llvm.fma.v{lanes}f32", fnty=ir.FunctionType(vec, [vec, vec, vec])
     )
 
 
 def _lane_sum(builder, fma, v):
-    # <LANES x float> -> the sum of its lanes, halves added pairwise (the order LLVM's own
+    # <n x float> -> the sum of its lanes, halves added pairwise (the order LLVM's own
     # vectorized reductions use), as vector fma(a, 1, b) = a + b: calls on vectors take no
     # fast-math flags from Numba, so no pass reorders them
-    one = ir.Constant(v.type, [1.0] * LANES)
-    half = LANES // 2
+    n = v.type.count
+    one = ir.Constant(v.type, [1.0] * n)
+    half = n // 2
     while half:
-        upper = _pick(builder, v, [i + half if i < half else i for i in range(LANES)])
+        upper = _pick(builder, v, [i + half if i < half else i for i in range(n)])
         v = builder.call(fma, [upper, one, v])
         half //= 2
     return builder.extract_element(v, ir.Constant(_I32, 0))
 
 
-def _partial_lanes(builder, ptr, count):
-    # the count (1 to LANES - 1) floats at ptr, then zeros: only the first count are read
-    v = ir.Constant(_vec(_F32, LANES), [0.0] * LANES)
-    for lane in range(LANES):
+def _partial_lanes(builder, ptr, count, lanes=LANES):
+    # the count (1 to lanes - 1) floats at ptr, then zeros: only the first count are read
+    v = ir.Constant(_vec(_F32, lanes), [0.0] * lanes)
+    for lane in range(lanes):
         inside = builder.icmp_signed("<", ir.Constant(count.type, lane), count)
         at = builder.select(inside, ir.Constant(count.type, lane), ir.Constant(count.type, 0))
         value = builder.select(inside, builder.load(builder.gep(ptr, [at])), ir.Constant(_F32, 0))
@@ -465,13 +483,19 @@ def _partial_lanes(builder, ptr, count):
     return v
 
 
+def _row_ptr(context, builder, array_type, array, at, k, r):
+    # -> a pointer to array's flat data at at + r * k
+    row = builder.mul(ir.Constant(k.type, r), k)
+    return _ptr(context, builder, array_type, array, builder.add(at, row))
+
+
 @intrinsic
 def dot_tile(typingctx, rows, cols, w, w_at, x, x_at, k, out, out_at, out_step):
-    """For r < rows, t < cols (literals, 1 to DOT_ROWS / DOT_COLS), with w_r, x_t the r-th and
-    t-th offsets of the tuples w_at, x_at (those past rows / cols are not read):
-    out[out_at + r + t * out_step] = the dot product of w[w_r : w_r + k] and x[x_t : x_t + k].
+    """For r < rows, t < cols (literals, 1 to DOT_ROWS / DOT_COLS):
+    out[out_at + r + t * out_step] = the dot product of w[w_at + r * k :][:k] and
+    x[x_at + t * k :][:k] (rows of w and of x k apart, past rows / cols not read).
 
-    Each is one chain of fused multiply-adds in LANES float lanes along k, in order (a last
+    Each is one chain of fused multiply-adds in DOT_LANES float lanes along k, in order (a last
     partial vector padded with zeros), then its lanes summed in a fixed order, so its bits
     depend neither on the tile's shape nor on the other products: a ragged edge takes a
     smaller tile instead of repeating rows. w, x, out: float32 arrays, offsets into their flat
@@ -485,18 +509,14 @@ def dot_tile(typingctx, rows, cols, w, w_at, x, x_at, k, out, out_at, out_step):
 
     def codegen(context, builder, sig, args):
         _, _, w, w_at, x, x_at, k, out, out_at, out_step = args
-        vec = _vec(_F32, LANES)
-        fma = _vector_fma(builder)
+        vec = _vec(_F32, DOT_LANES)
+        fma = _vector_fma(builder, DOT_LANES)
         w_type, x_type, out_type = sig.args[2], sig.args[4], sig.args[7]
-        w0 = [
-            _ptr(context, builder, w_type, w, builder.extract_value(w_at, r)) for r in range(n_rows)
-        ]
-        x0 = [
-            _ptr(context, builder, x_type, x, builder.extract_value(x_at, t)) for t in range(n_cols)
-        ]
-        width = ir.Constant(k.type, LANES)
+        w0 = [_row_ptr(context, builder, w_type, w, w_at, k, r) for r in range(n_rows)]
+        x0 = [_row_ptr(context, builder, x_type, x, x_at, k, t) for t in range(n_cols)]
+        width = ir.Constant(k.type, DOT_LANES)
         zero_i, one_i = ir.Constant(k.type, 0), ir.Constant(k.type, 1)
-        zero = ir.Constant(vec, [0.0] * LANES)
+        zero = ir.Constant(vec, [0.0] * DOT_LANES)
         n_vec = builder.sdiv(k, width)
         pairs = [(r, t) for r in range(n_rows) for t in range(n_cols)]
         entry = builder.block
@@ -535,7 +555,7 @@ def dot_tile(typingctx, rows, cols, w, w_at, x, x_at, k, out, out_at, out_step):
         left = builder.sub(k, full)
         builder.cbranch(builder.icmp_signed(">", left, zero_i), tail, done)
         builder.position_at_end(tail)
-        ends = [_partial_lanes(builder, builder.gep(p, [full]), left) for p in w0 + x0]
+        ends = [_partial_lanes(builder, builder.gep(p, [full]), left, DOT_LANES) for p in w0 + x0]
         last = [
             builder.call(fma, [ends[r], ends[n_rows + t], a])
             for (r, t), a in zip(pairs, kept, strict=True)
@@ -553,11 +573,11 @@ def dot_tile(typingctx, rows, cols, w, w_at, x, x_at, k, out, out_at, out_step):
         return context.get_dummy_value()
 
     i = types.intp
-    return types.void(rows, cols, w, w_at, x, x_at, k, out, i, i), codegen
+    return types.void(rows, cols, w, i, x, i, k, out, i, i), codegen
 
 
 TILE_ROWS = 4  # rows of fma_tile
-TILE_COLS = 2 * LANES  # columns of fma_tile: two vectors per row
+TILE_COLS = 16  # columns of fma_tile: one vector per row (two on 256-bit targets)
 
 # float16 bits -> float32 without branches (so that it vectorizes on every target): the half,
 # sign-extended to 32 bits and shifted left by F16_SHIFT, has its sign, exponent and mantissa in
@@ -571,14 +591,16 @@ F16_REBIAS = 2.0**112
 
 
 def _f32_lanes(builder, ptr, elem):
-    # 8 elements at ptr -> <8 x float>: elem i16 (float16 bits, widened as above) or float
+    # TILE_COLS elements at ptr -> <TILE_COLS x float>: elem i16 (float16 bits, widened as
+    # above) or float
+    n = TILE_COLS
     if elem == _F32:
-        return _load(builder, ptr, _vec(_F32, LANES))
-    w = builder.sext(_load(builder, ptr, _vec(_I16, LANES)), _vec(_I32, LANES))
-    w = builder.shl(w, _i32_lanes(F16_SHIFT))
-    w = builder.and_(w, _i32_lanes(F16_MASK))
-    rebias = _splat(builder, ir.Constant(_F32, F16_REBIAS), LANES)
-    return builder.fmul(builder.bitcast(w, _vec(_F32, LANES)), rebias)
+        return _load(builder, ptr, _vec(_F32, n))
+    w = builder.sext(_load(builder, ptr, _vec(_I16, n)), _vec(_I32, n))
+    w = builder.shl(w, _splat(builder, ir.Constant(_I32, F16_SHIFT), n))
+    w = builder.and_(w, _splat(builder, ir.Constant(_I32, F16_MASK), n))
+    rebias = _splat(builder, ir.Constant(_F32, F16_REBIAS), n)
+    return builder.fmul(builder.bitcast(w, _vec(_F32, n)), rebias)
 
 
 @intrinsic
@@ -588,7 +610,7 @@ def fma_tile(typingctx, rows, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
     of a[a_r + k] times b[b_at + k * b_step : ... + 16], one fused multiply-add per k, in order
     of k, starting from c's values where add (a literal bool) is true, from 0 otherwise.
 
-    A rows x 16 register tile (two vector accumulators per row, no horizontal sums): each output
+    A rows x 16 register tile (a vector accumulator per row, no horizontal sums): each output
     lane is its own chain, so its bits depend neither on the other rows nor on how many there
     are. c, a: float32 arrays, b: float32 or float16 bits (uint16, widened in registers);
     offsets in elements of the flattened (C-contiguous) arrays."""
@@ -602,17 +624,14 @@ def fma_tile(typingctx, rows, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
         _, _, c, c_rows, a, a_rows, b, b_at, b_step, depth = args
         c_offs = [builder.extract_value(c_rows, r) for r in range(n_rows)]
         a_offs = [builder.extract_value(a_rows, r) for r in range(n_rows)]
-        vec = _vec(_F32, LANES)
-        fma = _vector_fma(builder)
+        vec = _vec(_F32, TILE_COLS)
+        fma = _vector_fma(builder, TILE_COLS)
         c_data = context.make_array(sig.args[2])(context, builder, c).data
         a_data = context.make_array(sig.args[4])(context, builder, a).data
         b_data = context.make_array(sig.args[6])(context, builder, b).data
         elem = _F32 if sig.args[6].dtype == types.float32 else _I16
-        half = ir.Constant(b_at.type, LANES)
-        c_ptrs = []
-        for c_r in c_offs:
-            c_ptrs += [builder.gep(c_data, [c_r]), builder.gep(c_data, [builder.add(c_r, half)])]
-        zero = ir.Constant(vec, [0.0] * LANES)
+        c_ptrs = [builder.gep(c_data, [c_r]) for c_r in c_offs]
+        zero = ir.Constant(vec, [0.0] * TILE_COLS)
         start = [_load(builder, p, vec) if add.literal_value else zero for p in c_ptrs]
         entry = builder.block
         head = builder.append_basic_block("tile.head")
@@ -625,16 +644,11 @@ def fma_tile(typingctx, rows, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
         builder.cbranch(builder.icmp_signed("<", k, depth), body, done)
         builder.position_at_end(body)
         b_row = builder.add(b_at, builder.mul(k, b_step))
-        lanes = [
-            _f32_lanes(builder, builder.gep(b_data, [b_row]), elem),
-            _f32_lanes(builder, builder.gep(b_data, [builder.add(b_row, half)]), elem),
-        ]
+        lanes = _f32_lanes(builder, builder.gep(b_data, [b_row]), elem)
         new = []
-        for r, a_r in enumerate(a_offs):
+        for a_r, acc in zip(a_offs, accs, strict=True):
             x = builder.load(builder.gep(a_data, [builder.add(a_r, k)]))
-            x = _splat(builder, x, LANES)
-            for j in range(2):
-                new.append(builder.call(fma, [x, lanes[j], accs[2 * r + j]]))
+            new.append(builder.call(fma, [_splat(builder, x, TILE_COLS), lanes, acc]))
         k_next = builder.add(k, ir.Constant(k.type, 1))
         builder.branch(head)
         k.add_incoming(ir.Constant(k.type, 0), entry)

@@ -2,6 +2,10 @@
 bit-exact with gguf.quants.dequantize, matmul within NMSE 5e-4 of a float64 reference."""
 
 import importlib
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +15,7 @@ from test_kernels_api import check_row_tile_matmul
 
 from edgeinfer import kernels
 from edgeinfer.gguf_reader import read_gguf
+from edgeinfer.kernels import simd
 
 # the package re-exports the function `matmul` under the module's name
 matmul_module = importlib.import_module("edgeinfer.kernels.matmul")
@@ -168,6 +173,36 @@ def test_row_tile_matmul_ragged_input(qtype):
     rng = np.random.default_rng(int(qtype) + 29)
     data = random_blocks(qtype, 7 * 100, rng)
     check_row_tile_matmul(data, qtype, 7, 100, rng)
+
+
+NARROW_SHAPE_RUN = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import test_kernels_legacy as t
+from edgeinfer.kernels import simd
+assert (simd.DOT_LANES, simd.DOT_ROWS, simd.DOT_COLS) == (8, 5, 2), simd.DOT_ROWS
+t.test_row_tile_matmul(t.T.Q4_1)
+t.test_row_tile_matmul_ragged_input(t.T.F16)
+"""
+
+
+def test_row_tile_matmul_in_the_shape_of_narrower_machines(tmp_path):
+    # simd.dot_tile's shape follows the compile target's vector registers: on a machine with
+    # 512-bit ones, compile for 256-bit ones (x86-64-v3, AVX2) in a subprocess and run row-tile
+    # tests there too, so that both shapes are checked wherever they can run
+    if not simd._wide_vectors():
+        pytest.skip("this machine compiles the narrow shape already")
+    env = dict(os.environ, NUMBA_CPU_NAME="x86-64-v3", NUMBA_CPU_FEATURES="")
+    env["NUMBA_CACHE_DIR"] = str(tmp_path)
+    here = str(Path(__file__).parent)
+    proc = subprocess.run(
+        [sys.executable, "-c", NARROW_SHAPE_RUN, here],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)

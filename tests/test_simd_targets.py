@@ -124,18 +124,19 @@ def q5_module() -> ir.Module:
     return mod
 
 
-def dot_tile_module() -> ir.Module:
-    """What dot_tile does to one product beside its loop: a fused multiply-add of whole vectors,
-    one of a zero-padded partial vector (`count` floats), and the fixed-order sum of the lanes
-    (fma by 1)."""
+def dot_tile_module(lanes: int) -> ir.Module:
+    """What dot_tile does to one product beside its loop, in vectors of `lanes` floats: a fused
+    multiply-add of whole vectors, one of a zero-padded partial vector (`count` floats), and the
+    fixed-order sum of the lanes (fma by 1)."""
     pf = F32.as_pointer()
     mod, (w, x, out, count), b = probe("dot_tile", [pf, pf, pf, ir.IntType(64)])
-    vec = simd._vec(F32, simd.LANES)
-    fma = simd._vector_fma(b)
+    vec = simd._vec(F32, lanes)
+    fma = simd._vector_fma(b, lanes)
     whole = [b.load(b.bitcast(p, vec.as_pointer()), align=1) for p in (w, x)]
-    acc = b.call(fma, [*whole, ir.Constant(vec, [0.0] * simd.LANES)])
+    acc = b.call(fma, [*whole, ir.Constant(vec, [0.0] * lanes)])
     ends = [
-        simd._partial_lanes(b, b.gep(p, [ir.Constant(ir.IntType(64), 8)]), count) for p in (w, x)
+        simd._partial_lanes(b, b.gep(p, [ir.Constant(ir.IntType(64), lanes)]), count, lanes)
+        for p in (w, x)
     ]
     acc = b.call(fma, [*ends, acc])
     b.store(simd._lane_sum(b, fma, acc), out)
@@ -236,8 +237,10 @@ def test_q5_k_dequantization_is_straight_vector_code_on_every_target(triple):
         assert ops.count("vpmovzxbd") == 8, sorted(set(ops))
 
 
+@pytest.mark.parametrize("lanes", sorted({simd.LANES, 16}))
 @pytest.mark.parametrize("triple", list(TARGETS))
-def test_dot_tile_is_fused_vector_code_on_every_target(triple):
-    ops = lowered_ops(dot_tile_module(), triple, optimize=True)
+def test_dot_tile_is_fused_vector_code_on_every_target(triple, lanes):
+    # both of dot_tile's widths (simd.DOT_LANES), wherever they are used
+    ops = lowered_ops(dot_tile_module(lanes), triple, optimize=True)
     assert no_library_call(ops), sorted(set(ops))
     assert any(op.startswith(("vfmadd", "fmla")) for op in ops), sorted(set(ops))
