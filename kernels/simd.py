@@ -271,15 +271,16 @@ def _store_dequantized(builder, ptr, q, minus, d, m):
 
 
 def _byte_lanes(builder, ptr, first):
-    # the LANES bytes at ptr + first, zero-extended to 32-bit lanes as they are loaded (one
-    # instruction on x86 and ARM): no shuffles to widen the halves of a wider byte vector
-    b = _load(builder, builder.gep(ptr, [ir.Constant(_I32, first)]), _vec(_I8, LANES))
-    return builder.zext(b, _vec(_I32, LANES))
+    # the VEC_LANES bytes at ptr + first, zero-extended to 32-bit lanes as they are loaded
+    # (one instruction per vector on x86 and ARM): no shuffles to widen the halves of a wider
+    # byte vector
+    b = _load(builder, builder.gep(ptr, [ir.Constant(_I32, first)]), _vec(_I8, VEC_LANES))
+    return builder.zext(b, _vec(_I32, VEC_LANES))
 
 
 def _i32_lanes(v):
-    # the constant <LANES x i32> with every lane v
-    return ir.Constant(_vec(_I32, LANES), [v] * LANES)
+    # the constant <VEC_LANES x i32> with every lane v
+    return ir.Constant(_vec(_I32, VEC_LANES), [v] * VEC_LANES)
 
 
 def _dequant_nibbles(builder, src, dst, n_bytes, minus, low, high, shift):
@@ -288,7 +289,7 @@ def _dequant_nibbles(builder, src, dst, n_bytes, minus, low, high, shift):
     # shifted down (shift) or kept in place (byte & 0xF0, against a scale 16x smaller). The
     # nibbles are split in the 32-bit lanes of _byte_lanes: the same floats as splitting the
     # bytes first (_nibbles).
-    for first in range(0, n_bytes, LANES):
+    for first in range(0, n_bytes, VEC_LANES):
         b = _byte_lanes(builder, src, first)
         lo = builder.and_(b, _i32_lanes(15))
         hi = builder.lshr(b, _i32_lanes(4)) if shift else builder.and_(b, _i32_lanes(0xF0))
@@ -337,7 +338,7 @@ def dequant_u4_pair(typingctx, w, wi, d0, m0, d1, m1, out, oi):
 
 def _q6_quarters(builder, lo, hi, scales, dst):
     # see dequant_q6_quarters; lo, hi: byte pointers, scales: its four d_i, dst: float pointer
-    for first in (0, LANES):
+    for first in range(0, 16, VEC_LANES):
         low = (_byte_lanes(builder, lo, first), _byte_lanes(builder, lo, 32 + first))
         top = _byte_lanes(builder, hi, first)
         for i, d in enumerate(scales):
@@ -356,8 +357,8 @@ def _q6_quarters(builder, lo, hi, scales, dst):
 def dequant_q6_quarters(typingctx, w, lo, hi, d0, d1, d2, d3, out, oi):
     """Q6_K's 16 positions j of its 4 quarters i: out[oi + 32 * i + j] = d_i * (q - 32), q's low
     4 bits from the low (i = 0, 1) or high (i = 2, 3) nibble of w[lo + j] (i even) or
-    w[lo + 32 + j] (i odd), its high 2 bits from bits 2i, 2i + 1 of w[hi + j]. Each 8 bytes
-    widened as they are loaded, as in _dequant_nibbles."""
+    w[lo + 32 + j] (i odd), its high 2 bits from bits 2i, 2i + 1 of w[hi + j]. Each VEC_LANES
+    bytes widened as they are loaded, as in _dequant_nibbles."""
 
     def codegen(context, builder, sig, args):
         w, lo, hi, *scales, out, oi = args
@@ -372,8 +373,8 @@ def dequant_q6_quarters(typingctx, w, lo, hi, d0, d1, d2, d3, out, oi):
 
 def _five_bit_fields(builder, q_ptr, h_ptr, shift, bit, d, m, dst):
     # see dequant_u5_sub; shift, bit: i32 values
-    by_shift, by_bit = (_splat(builder, v, LANES) for v in (shift, bit))
-    for first in range(0, 32, LANES):
+    by_shift, by_bit = (_splat(builder, v, VEC_LANES) for v in (shift, bit))
+    for first in range(0, 32, VEC_LANES):
         low, top = (_byte_lanes(builder, p, first) for p in (q_ptr, h_ptr))
         low = builder.and_(builder.lshr(low, by_shift), _i32_lanes(15))
         top = builder.shl(builder.and_(builder.lshr(top, by_bit), _i32_lanes(1)), _i32_lanes(4))
@@ -385,8 +386,8 @@ def _five_bit_fields(builder, q_ptr, h_ptr, shift, bit, d, m, dst):
 @intrinsic
 def dequant_u5_sub(typingctx, w, q_at, shift, h_at, bit, d, m, out, oi):
     """out[oi + l] = d * q + m for l < 32, q = (w[q_at + l] >> shift) & 15 with bit `bit` of
-    w[h_at + l] as its bit 4: a K-quant's 32-weight sub-block of 5-bit fields (Q5_K), each 8
-    bytes widened as they are loaded, as in _dequant_nibbles."""
+    w[h_at + l] as its bit 4: a K-quant's 32-weight sub-block of 5-bit fields (Q5_K), each
+    VEC_LANES bytes widened as they are loaded, as in _dequant_nibbles."""
 
     def codegen(context, builder, sig, args):
         w, q_at, shift, h_at, bit, d, m, out, oi = args
@@ -434,20 +435,22 @@ def dequant_i8(typingctx, w, wi, d, out, oi):
 def _wide_vectors() -> bool:
     # Whether the code Numba compiles has 32 vector registers of 512 bits (x86's AVX-512): the
     # target features as Numba's own codegen picks them (NUMBA_CPU_FEATURES, else the host's).
-    # Only dot_tile's shape follows it; the IR stays the same portable vector code.
+    # Only vector widths and dot_tile's shape follow it; the IR stays portable vector code.
     features = config.CPU_FEATURES
     if features is None:
         features = llvm.get_host_cpu_features().flatten()
     return "+avx512f" in features.split(",")
 
 
-# dot_tile's largest shape (matmul._rows_by) and its vector width, in floats: DOT_ROWS *
-# DOT_COLS accumulators of DOT_LANES floats, plus a vector per activation row, must fit the
-# register file. With 32 registers of 16 floats, 6 x 4 tiles of 16 lanes took 26-40 % less time
-# than 5 x 2 tiles of 8 at n = 16 to 512 and 10-20 % less at n = 4 (Q4_1 [3072, 576] and
-# [576, 1536], in-process A/B, 2 threads, Zen 5); 5 x 5 and 8 x 3 came within noise of it.
+# VEC_LANES: floats per vector register of the compile target, the width of dot_tile's
+# accumulators and of the dequantizers' steps (the same bits at any width), and dot_tile's
+# largest shape (matmul._rows_by): DOT_ROWS * DOT_COLS accumulators plus a vector per activation
+# row must fit the register file. With 32 registers of 16 floats, 6 x 4 tiles of 16 lanes took
+# 26-40 % less time than 5 x 2 tiles of 8 at n = 16 to 512 and 10-20 % less at n = 4 (Q4_1
+# [3072, 576] and [576, 1536], in-process A/B, 2 threads, Zen 5); 5 x 5 and 8 x 3 came within
+# noise of it, and dequantizing 16 bytes a step instead of 8 took another 3-5 % off at n <= 16.
 # With 16 registers of 8 floats (AVX2), 6 x 4 would spill.
-DOT_LANES, DOT_ROWS, DOT_COLS = (16, 6, 4) if _wide_vectors() else (LANES, 5, 2)
+VEC_LANES, DOT_ROWS, DOT_COLS = (16, 6, 4) if _wide_vectors() else (LANES, 5, 2)
 
 
 def _vector_fma(builder, lanes=LANES):
@@ -495,7 +498,7 @@ def dot_tile(typingctx, rows, cols, w, w_at, x, x_at, k, out, out_at, out_step):
     out[out_at + r + t * out_step] = the dot product of w[w_at + r * k :][:k] and
     x[x_at + t * k :][:k] (rows of w and of x k apart, past rows / cols not read).
 
-    Each is one chain of fused multiply-adds in DOT_LANES float lanes along k, in order (a last
+    Each is one chain of fused multiply-adds in VEC_LANES float lanes along k, in order (a last
     partial vector padded with zeros), then its lanes summed in a fixed order, so its bits
     depend neither on the tile's shape nor on the other products: a ragged edge takes a
     smaller tile instead of repeating rows. w, x, out: float32 arrays, offsets into their flat
@@ -509,14 +512,14 @@ def dot_tile(typingctx, rows, cols, w, w_at, x, x_at, k, out, out_at, out_step):
 
     def codegen(context, builder, sig, args):
         _, _, w, w_at, x, x_at, k, out, out_at, out_step = args
-        vec = _vec(_F32, DOT_LANES)
-        fma = _vector_fma(builder, DOT_LANES)
+        vec = _vec(_F32, VEC_LANES)
+        fma = _vector_fma(builder, VEC_LANES)
         w_type, x_type, out_type = sig.args[2], sig.args[4], sig.args[7]
         w0 = [_row_ptr(context, builder, w_type, w, w_at, k, r) for r in range(n_rows)]
         x0 = [_row_ptr(context, builder, x_type, x, x_at, k, t) for t in range(n_cols)]
-        width = ir.Constant(k.type, DOT_LANES)
+        width = ir.Constant(k.type, VEC_LANES)
         zero_i, one_i = ir.Constant(k.type, 0), ir.Constant(k.type, 1)
-        zero = ir.Constant(vec, [0.0] * DOT_LANES)
+        zero = ir.Constant(vec, [0.0] * VEC_LANES)
         n_vec = builder.sdiv(k, width)
         pairs = [(r, t) for r in range(n_rows) for t in range(n_cols)]
         entry = builder.block
@@ -555,7 +558,7 @@ def dot_tile(typingctx, rows, cols, w, w_at, x, x_at, k, out, out_at, out_step):
         left = builder.sub(k, full)
         builder.cbranch(builder.icmp_signed(">", left, zero_i), tail, done)
         builder.position_at_end(tail)
-        ends = [_partial_lanes(builder, builder.gep(p, [full]), left, DOT_LANES) for p in w0 + x0]
+        ends = [_partial_lanes(builder, builder.gep(p, [full]), left, VEC_LANES) for p in w0 + x0]
         last = [
             builder.call(fma, [ends[r], ends[n_rows + t], a])
             for (r, t), a in zip(pairs, kept, strict=True)

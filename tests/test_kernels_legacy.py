@@ -180,7 +180,7 @@ import sys
 sys.path.insert(0, sys.argv[1])
 import test_kernels_legacy as t
 from edgeinfer.kernels import simd
-assert (simd.DOT_LANES, simd.DOT_ROWS, simd.DOT_COLS) == (8, 5, 2), simd.DOT_ROWS
+assert (simd.VEC_LANES, simd.DOT_ROWS, simd.DOT_COLS) == (8, 5, 2), simd.DOT_ROWS
 t.test_row_tile_matmul(t.T.Q4_1)
 t.test_row_tile_matmul_ragged_input(t.T.F16)
 """

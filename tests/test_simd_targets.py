@@ -240,7 +240,7 @@ def test_q5_k_dequantization_is_straight_vector_code_on_every_target(triple):
 @pytest.mark.parametrize("lanes", sorted({simd.LANES, 16}))
 @pytest.mark.parametrize("triple", list(TARGETS))
 def test_dot_tile_is_fused_vector_code_on_every_target(triple, lanes):
-    # both of dot_tile's widths (simd.DOT_LANES), wherever they are used
+    # both of dot_tile's widths (simd.VEC_LANES), wherever they are used
     ops = lowered_ops(dot_tile_module(lanes), triple, optimize=True)
     assert no_library_call(ops), sorted(set(ops))
     assert any(op.startswith(("vfmadd", "fmla")) for op in ops), sorted(set(ops))
