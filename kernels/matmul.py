@@ -8,9 +8,9 @@ import numpy as np
 from numba import njit, prange
 
 from . import threads
-from .block_matmul import Fused, PartsKernel, row_offset
+from .block_matmul import LINE, Fused, PartsKernel, row_offset
 from .floatbits import HALF_TABLE
-from .simd import DOT_COLS, DOT_ROWS, dot_tile
+from .simd import DOT_COLS, DOT_ROWS, dot_tile, prefetch
 from .weight import QuantWeight, stack_rows
 
 # Rows of W dequantized per BLAS call in the large-n path: a float32 tile of about this many bytes
@@ -26,6 +26,12 @@ TILE_BYTES = 2 << 20
 # A/B, 2 threads); out = 576 still splits into 20 items.
 TILE_W_BYTES = 128 << 10
 TILE_X_BYTES = 128 << 10
+# Each row's bytes are hinted PREFETCH_ROWS_AHEAD rows before they are dequantized: in a whole
+# model's step the weights stream from DRAM, and with the hardware prefetcher alone a row-wise
+# decode step took 1.27x as long at n = 1 and 1.14x at n = 16 (SmolLM2 Q4_1, all 30 layers,
+# in-process A/B, 2 threads, Zen 5); 4, 16 and 32 rows ahead came within 2 % of 8. (A benchmark
+# that multiplies one weight again and again keeps it in cache and sees no gain.)
+PREFETCH_ROWS_AHEAD = 8
 
 
 @njit(cache=True, inline="always")
@@ -63,7 +69,8 @@ def with_halves(kernel: Callable) -> Callable:
 # flat, starts, ends: one or more weights' bytes (block_matmul.row_offset: Q, K and V in one
 # launch), x: [n, in] -> out: [n, sum of the parts' rows]; a row is in // block blocks of
 # block_bytes. Each prange item dequantizes _tile_rows rows into a float buffer, so W is
-# unpacked once for all n, then multiplies (_tile_products). Inlined like `each_row`.
+# unpacked once for all n, then multiplies (_tile_products); the rows PREFETCH_ROWS_AHEAD
+# ahead are hinted meanwhile, line by line. Inlined like `each_row`.
 @njit(cache=True, inline="always")
 def row_tile_matmul(dequantize_row, flat, starts, ends, halves, x, out, block, block_bytes):
     rows = ends[ends.shape[0] - 1]
@@ -76,6 +83,9 @@ def row_tile_matmul(dequantize_row, flat, starts, ends, halves, x, out, block, b
         w = np.empty((tile, k), np.float32)
         for i in range(last + 1):
             at = row_offset(starts, ends, r0 + i, row_bytes)
+            ahead = row_offset(starts, ends, min(r0 + i + PREFETCH_ROWS_AHEAD, rows - 1), row_bytes)
+            for line in range(0, row_bytes, LINE):
+                prefetch(flat, ahead + line)
             dequantize_row(flat[at : at + row_bytes], halves, w[i])
         _tile_products(w, last, x, out, r0)
 
