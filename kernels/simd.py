@@ -28,6 +28,27 @@ _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _F32 = ir.FloatType()
 
 
+def _wide_vectors() -> bool:
+    # Whether the code Numba compiles has 32 vector registers of 512 bits (x86's AVX-512): the
+    # target features as Numba's own codegen picks them (NUMBA_CPU_FEATURES, else the host's).
+    # Only vector widths and dot_tile's shape follow it; the IR stays portable vector code.
+    features = config.CPU_FEATURES
+    if features is None:
+        features = llvm.get_host_cpu_features().flatten()
+    return "+avx512f" in features.split(",")
+
+
+# VEC_LANES: floats per vector register of the compile target, the width of dot_tile's
+# accumulators and of the dequantizers' steps (the same bits at any width), and dot_tile's
+# largest shape (matmul._rows_by): DOT_ROWS * DOT_COLS accumulators plus a vector per activation
+# row must fit the register file. With 32 registers of 16 floats, 6 x 4 tiles of 16 lanes took
+# 26-40 % less time than 5 x 2 tiles of 8 at n = 16 to 512 and 10-20 % less at n = 4 (Q4_1
+# [3072, 576] and [576, 1536], in-process A/B, 2 threads, Zen 5); 5 x 5 and 8 x 3 came within
+# noise of it, and dequantizing 16 bytes a step instead of 8 took another 3-5 % off at n <= 16.
+# With 16 registers of 8 floats (AVX2), 6 x 4 would spill.
+VEC_LANES, DOT_ROWS, DOT_COLS = (16, 6, 4) if _wide_vectors() else (LANES, 5, 2)
+
+
 def _vec(t, n):
     return ir.VectorType(t, n)
 
@@ -278,9 +299,9 @@ def _byte_lanes(builder, ptr, first):
     return builder.zext(b, _vec(_I32, VEC_LANES))
 
 
-def _i32_lanes(v):
-    # the constant <VEC_LANES x i32> with every lane v
-    return ir.Constant(_vec(_I32, VEC_LANES), [v] * VEC_LANES)
+def _i32_lanes(v, lanes=VEC_LANES):
+    # the constant <lanes x i32> with every lane v
+    return ir.Constant(_vec(_I32, lanes), [v] * lanes)
 
 
 def _dequant_nibbles(builder, src, dst, n_bytes, minus, low, high, shift):
@@ -432,28 +453,7 @@ def dequant_i8(typingctx, w, wi, d, out, oi):
     return types.void(w, wi, types.float32, out, oi), codegen
 
 
-def _wide_vectors() -> bool:
-    # Whether the code Numba compiles has 32 vector registers of 512 bits (x86's AVX-512): the
-    # target features as Numba's own codegen picks them (NUMBA_CPU_FEATURES, else the host's).
-    # Only vector widths and dot_tile's shape follow it; the IR stays portable vector code.
-    features = config.CPU_FEATURES
-    if features is None:
-        features = llvm.get_host_cpu_features().flatten()
-    return "+avx512f" in features.split(",")
-
-
-# VEC_LANES: floats per vector register of the compile target, the width of dot_tile's
-# accumulators and of the dequantizers' steps (the same bits at any width), and dot_tile's
-# largest shape (matmul._rows_by): DOT_ROWS * DOT_COLS accumulators plus a vector per activation
-# row must fit the register file. With 32 registers of 16 floats, 6 x 4 tiles of 16 lanes took
-# 26-40 % less time than 5 x 2 tiles of 8 at n = 16 to 512 and 10-20 % less at n = 4 (Q4_1
-# [3072, 576] and [576, 1536], in-process A/B, 2 threads, Zen 5); 5 x 5 and 8 x 3 came within
-# noise of it, and dequantizing 16 bytes a step instead of 8 took another 3-5 % off at n <= 16.
-# With 16 registers of 8 floats (AVX2), 6 x 4 would spill.
-VEC_LANES, DOT_ROWS, DOT_COLS = (16, 6, 4) if _wide_vectors() else (LANES, 5, 2)
-
-
-def _vector_fma(builder, lanes=LANES):
+def _vector_fma(builder, lanes):
     # llvm.fma on <lanes x float>: a fused multiply-add that no fast-math flag can reorder
     vec = _vec(_F32, lanes)
     return builder.module.declare_intrinsic(
@@ -475,7 +475,7 @@ def _lane_sum(builder, fma, v):
     return builder.extract_element(v, ir.Constant(_I32, 0))
 
 
-def _partial_lanes(builder, ptr, count, lanes=LANES):
+def _partial_lanes(builder, ptr, count, lanes):
     # the count (1 to lanes - 1) floats at ptr, then zeros: only the first count are read
     v = ir.Constant(_vec(_F32, lanes), [0.0] * lanes)
     for lane in range(lanes):
@@ -600,8 +600,8 @@ def _f32_lanes(builder, ptr, elem):
     if elem == _F32:
         return _load(builder, ptr, _vec(_F32, n))
     w = builder.sext(_load(builder, ptr, _vec(_I16, n)), _vec(_I32, n))
-    w = builder.shl(w, _splat(builder, ir.Constant(_I32, F16_SHIFT), n))
-    w = builder.and_(w, _splat(builder, ir.Constant(_I32, F16_MASK), n))
+    w = builder.shl(w, _i32_lanes(F16_SHIFT, n))
+    w = builder.and_(w, _i32_lanes(F16_MASK, n))
     rebias = _splat(builder, ir.Constant(_F32, F16_REBIAS), n)
     return builder.fmul(builder.bitcast(w, _vec(_F32, n)), rebias)
 
