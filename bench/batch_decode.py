@@ -20,8 +20,8 @@ import time
 
 import llama_cpp
 
-from edgeinfer import hub
-from edgeinfer.runner import ModelRunner
+from edgeinfer.gguf import hub
+from edgeinfer.engine.runner import ModelRunner
 
 PROMPT = 64
 MAX_SEQS = 16

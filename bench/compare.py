@@ -56,8 +56,8 @@ def prompt_ids(path: Path, n: int) -> list[int]:
 
 def decode_bytes(path: Path, mean_pos: int) -> tuple[int, int]:
     """(weight bytes, f16 KV bytes) one decode step reads at context position mean_pos."""
-    from edgeinfer.gguf_reader import read_gguf
-    from edgeinfer.model_config import ModelConfig
+    from edgeinfer.gguf.reader import read_gguf
+    from edgeinfer.gguf.model_config import ModelConfig
 
     g = read_gguf(path)
     try:
@@ -186,7 +186,7 @@ def best_of(rounds: list[dict]) -> dict:
 def compare(
     models, threads_list, n_prompt: int, gen: int, rounds: int, profile: bool
 ) -> list[dict]:
-    from edgeinfer.hub import resolve_model
+    from edgeinfer.gguf.hub import resolve_model
 
     sys.path.insert(0, str(HERE))
     from bandwidth import read_bandwidth  # numba: kept out of the engines' workers

@@ -43,7 +43,7 @@ PAIRS = (
 
 
 def _edgeinfer(path: Path, threads: int, kv_dtype: str):
-    from edgeinfer.runner import ModelRunner
+    from edgeinfer.engine.runner import ModelRunner
 
     runner = ModelRunner(path, threads=threads, ctx=N_CTX, kv_dtype=kv_dtype)
 
@@ -56,7 +56,7 @@ def _edgeinfer(path: Path, threads: int, kv_dtype: str):
 
 
 def measure(model: str, threads: int) -> dict:
-    from edgeinfer.hub import resolve_model
+    from edgeinfer.gguf.hub import resolve_model
 
     path = resolve_model(model)
     contexts = {

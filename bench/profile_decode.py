@@ -24,7 +24,7 @@ import numpy as np
 import edgeinfer.models.base as base
 from edgeinfer import kernels
 from edgeinfer.kernels.block_matmul import PartsKernel
-from edgeinfer.runner import ModelRunner
+from edgeinfer.engine.runner import ModelRunner
 
 # Thin Python wrappers around one compiled kernel each (their own overhead is an np.empty).
 _WRAPPED = {

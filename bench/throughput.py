@@ -63,7 +63,7 @@ def pct(values, q: float) -> float:
 def serve(llm, reqs) -> dict:
     """All of reqs arrive now; step the engine until every one is done."""
     from edgeinfer import SamplingParams
-    from edgeinfer.completion import Completion
+    from edgeinfer.engine.outputs import Completion
 
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for _, m in reqs]
     t0 = time.perf_counter()
@@ -273,7 +273,7 @@ def main() -> None:
         print(json.dumps(llama_cpp_serial(args.model, args.threads, reqs)))
         return
     from edgeinfer import kernels
-    from edgeinfer.hub import resolve_model
+    from edgeinfer.gguf.hub import resolve_model
     from edgeinfer.tokenizer import Tokenizer
 
     path = str(resolve_model(args.model))

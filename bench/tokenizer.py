@@ -6,7 +6,7 @@ prints MB/s side by side with the ratio. Usage:
 
     python bench/tokenizer.py [MODEL ...] [--mb 1.0] [--repeat 3] [--json]
 
-MODEL: a short name known to edgeinfer.hub or a path; default both real models.
+MODEL: a short name known to edgeinfer.gguf.hub or a path; default both real models.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def _best_rate(fn, n_bytes: int, repeat: int) -> tuple[float, object]:
 def bench_model(model: str, text: str, repeat: int) -> dict:
     import llama_cpp
 
-    from edgeinfer.hub import resolve_model
+    from edgeinfer.gguf.hub import resolve_model
     from edgeinfer.tokenizer import Tokenizer
 
     path = resolve_model(model)

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from edgeinfer.sampling import SamplingParams
+from edgeinfer.engine.sampling import SamplingParams
 from edgeinfer.tui import session as sessions
 from edgeinfer.tui.app import ChatApp, ChatOptions
 

@@ -7,11 +7,11 @@ from edgeinfer.errors import EdgeInferError, GGUFError, ModelNotFoundError, Pull
 # The API classes load on first use so that `import edgeinfer` (every CLI start) stays cheap.
 _LAZY = {
     "LLM": "edgeinfer.llm",
-    "Completion": "edgeinfer.completion",
-    "SamplingParams": "edgeinfer.sampling",
+    "Completion": "edgeinfer.engine.outputs",
+    "SamplingParams": "edgeinfer.engine.sampling",
     "AsyncEngine": "edgeinfer.async_engine",
     "RequestOutput": "edgeinfer.async_engine",
-    "EngineStats": "edgeinfer.engine",
+    "EngineStats": "edgeinfer.engine.engine",
 }
 
 __all__ = ["EdgeInferError", "GGUFError", "ModelNotFoundError", "PullError", *_LAZY]

@@ -1,5 +1,5 @@
 """`python -m edgeinfer` runs the command line."""
 
-from edgeinfer.cli import main
+from edgeinfer.cli.app import main
 
 main()

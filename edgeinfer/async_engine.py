@@ -18,11 +18,11 @@ import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from edgeinfer.completion import Metrics
-from edgeinfer.engine import EngineStats
+from edgeinfer.engine.outputs import Metrics
+from edgeinfer.engine.engine import EngineStats
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.sampling import SamplingParams
-from edgeinfer.sequence import Sequence
+from edgeinfer.engine.sampling import SamplingParams
+from edgeinfer.engine.sequence import Sequence
 
 __all__ = ["AsyncEngine", "RequestOutput"]
 

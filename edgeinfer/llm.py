@@ -15,12 +15,12 @@ from collections.abc import Sequence as Seq
 
 import numpy as np
 
-from edgeinfer.completion import Completion, Metrics
-from edgeinfer.engine import Engine, EngineStats
+from edgeinfer.engine.outputs import Completion, Metrics
+from edgeinfer.engine.engine import Engine, EngineStats
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.memory_plan import PREFILL_CHUNK
-from edgeinfer.sampling import SamplingParams
-from edgeinfer.sequence import Sequence
+from edgeinfer.engine.memory_plan import PREFILL_CHUNK
+from edgeinfer.engine.sampling import SamplingParams
+from edgeinfer.engine.sequence import Sequence
 
 __all__ = ["LLM", "Completion", "Metrics", "PromptError", "Stream"]
 
@@ -100,7 +100,7 @@ class LLM:
         max_wait_ms: float = 0.0,
         batch_invariant: bool = False,
     ):
-        from edgeinfer.runner import ModelRunner
+        from edgeinfer.engine.runner import ModelRunner
 
         self._runner = ModelRunner(
             model,

@@ -4,8 +4,8 @@ Adding an architecture: a new module with a `DecoderModel` subclass and one entr
 ARCHITECTURES (plus ModelConfig's list of supported architectures).
 """
 
-from edgeinfer.gguf_reader import GGUFFile
-from edgeinfer.model_config import ModelConfig
+from edgeinfer.gguf.reader import GGUFFile
+from edgeinfer.gguf.model_config import ModelConfig
 
 from .base import Batch, DecoderModel
 from .gemma3 import Gemma3

@@ -19,12 +19,12 @@ import numpy as np
 
 from edgeinfer import kernels
 from edgeinfer.errors import GGUFError
-from edgeinfer.gguf_reader import GGUFFile
+from edgeinfer.gguf.reader import GGUFFile
 from edgeinfer.kernels.activations import SILU, gated_act, softcap_
 from edgeinfer.kernels.attention import self_attention
 from edgeinfer.kernels.norm import add_rms_norm, rms_norm
 from edgeinfer.kernels.rope import rope_inv_freq
-from edgeinfer.model_config import ModelConfig
+from edgeinfer.gguf.model_config import ModelConfig
 
 _NONE = np.zeros(0, np.float32)  # "absent" for optional norm weights and biases in kernels
 

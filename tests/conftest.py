@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import synthetic
 
-from edgeinfer import hub
+from edgeinfer.gguf import hub
 
 
 @pytest.fixture(scope="session")

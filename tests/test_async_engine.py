@@ -7,7 +7,7 @@ import pytest
 from edgeinfer.async_engine import AsyncEngine
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.llm import LLM, PromptError
-from edgeinfer.sampling import SamplingParams
+from edgeinfer.engine.sampling import SamplingParams
 
 LONG = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
 

@@ -5,7 +5,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from edgeinfer.block_manager import BlockManager, KVCacheFullError
+from edgeinfer.engine.block_manager import BlockManager, KVCacheFullError
 
 BS = 4
 

@@ -10,9 +10,9 @@ import pytest
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 from test_tokenizer import ours, vocab_path
 
-from edgeinfer.chat_template import ChatTemplate, ChatTemplateError
+from edgeinfer.tokenizer.chat_template import ChatTemplate, ChatTemplateError
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.gguf_reader import read_gguf
+from edgeinfer.gguf.reader import read_gguf
 
 CONVERSATION = [
     {"role": "system", "content": "You are terse."},

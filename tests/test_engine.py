@@ -4,13 +4,13 @@ it gets alone, aborts and preemption free everything, prefixes are reused, prior
 import numpy as np
 import pytest
 
-from edgeinfer.engine import Engine, RequestTooLargeError
+from edgeinfer.engine.engine import Engine, RequestTooLargeError
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.gguf_reader import read_gguf
+from edgeinfer.gguf.reader import read_gguf
 from edgeinfer.llm import LLM
-from edgeinfer.memory_plan import kv_block_bytes, step_bytes
-from edgeinfer.model_config import ModelConfig
-from edgeinfer.sampling import SamplingParams
+from edgeinfer.engine.memory_plan import kv_block_bytes, step_bytes
+from edgeinfer.gguf.model_config import ModelConfig
+from edgeinfer.engine.sampling import SamplingParams
 
 SMOL = "smollm2-135m-instruct"
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

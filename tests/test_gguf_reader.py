@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgeinfer.errors import GGUFError
-from edgeinfer.gguf_reader import GGUFFile, read_gguf
+from edgeinfer.gguf.reader import GGUFFile, read_gguf
 
 HUGE = 1 << 63
 

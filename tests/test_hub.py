@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from edgeinfer import hub
+from edgeinfer.gguf import hub
 from edgeinfer.errors import ModelNotFoundError, PullError
 
 

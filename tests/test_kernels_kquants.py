@@ -8,7 +8,7 @@ from gguf.quants import dequantize as gguf_dequantize
 from test_kernels_api import check_row_tile_matmul
 
 from edgeinfer import kernels
-from edgeinfer.gguf_reader import read_gguf
+from edgeinfer.gguf.reader import read_gguf
 
 T = GGMLQuantizationType
 TYPES = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K)

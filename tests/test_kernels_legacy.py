@@ -14,7 +14,7 @@ from gguf.quants import dequantize as gguf_dequantize
 from test_kernels_api import check_row_tile_matmul
 
 from edgeinfer import kernels
-from edgeinfer.gguf_reader import read_gguf
+from edgeinfer.gguf.reader import read_gguf
 from edgeinfer.kernels import simd
 
 # the package re-exports the function `matmul` under the module's name

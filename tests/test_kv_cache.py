@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from edgeinfer.block_manager import BlockManager, KVCacheFullError
+from edgeinfer.engine.block_manager import BlockManager, KVCacheFullError
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.kv_cache import KVCache
+from edgeinfer.engine.kv_cache import KVCache
 
 
 def test_slots_follow_the_block_table():

@@ -9,8 +9,8 @@ import pytest
 from edgeinfer import LLM, SamplingParams
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.llm import PromptError
-from edgeinfer.sequence import Sequence
-from edgeinfer.stop import StopStrings
+from edgeinfer.engine.sequence import Sequence
+from edgeinfer.engine.stop import StopStrings
 
 # A gap between llama.cpp's best logit and the logit of the token we chose below this is a
 # near-tie: different (correct) arithmetic may order the two either way.
@@ -357,7 +357,7 @@ def _with_chat_template(src, dst, template: str):
 
 
 def test_template_that_does_not_compile_fails_only_chat(synthetic_model, tmp_path):
-    from edgeinfer.chat_template import ChatTemplateError
+    from edgeinfer.tokenizer.chat_template import ChatTemplateError
 
     path = _with_chat_template(
         synthetic_model("llama", "Q8_0"), tmp_path / "bad-template.gguf", "{% if %}"

@@ -7,9 +7,9 @@ import gguf
 import pytest
 import synthetic
 
-from edgeinfer import memory_plan
-from edgeinfer.gguf_reader import read_gguf
-from edgeinfer.model_config import ModelConfig
+from edgeinfer.engine import memory_plan
+from edgeinfer.gguf.reader import read_gguf
+from edgeinfer.gguf.model_config import ModelConfig
 
 
 def load(path):

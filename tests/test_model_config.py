@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgeinfer.errors import EdgeInferError, GGUFError
-from edgeinfer.gguf_reader import read_gguf
-from edgeinfer.model_config import SUPPORTED_ARCHS, ModelConfig
+from edgeinfer.gguf.reader import read_gguf
+from edgeinfer.gguf.model_config import SUPPORTED_ARCHS, ModelConfig
 
 DROP = object()
 

@@ -16,7 +16,7 @@ import pytest
 from llama_oracle import F32, PROMPTS, kl, oracle, oracle_logits
 
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.runner import ModelRunner
+from edgeinfer.engine.runner import ModelRunner
 
 llama_cpp = pytest.importorskip("llama_cpp")
 

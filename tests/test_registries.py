@@ -1,8 +1,8 @@
 """Lists of what edgeinfer supports live where each layer needs them; these keep them in step."""
 
 from edgeinfer import kernels
-from edgeinfer.gguf_reader import SUPPORTED_TENSOR_TYPES
-from edgeinfer.model_config import SUPPORTED_ARCHS
+from edgeinfer.gguf.reader import SUPPORTED_TENSOR_TYPES
+from edgeinfer.gguf.model_config import SUPPORTED_ARCHS
 from edgeinfer.models import ARCHITECTURES
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.sampling import (
+from edgeinfer.engine.sampling import (
     Sampler,
     SamplingParams,
     SamplingParamsError,

@@ -4,8 +4,8 @@ import itertools
 
 import pytest
 
-from edgeinfer.block_manager import BlockManager
-from edgeinfer.scheduler import Scheduler
+from edgeinfer.engine.block_manager import BlockManager
+from edgeinfer.engine.scheduler import Scheduler
 
 BS = 4
 _ids = itertools.count()

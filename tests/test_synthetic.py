@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import synthetic
 
-from edgeinfer.gguf_reader import read_gguf
-from edgeinfer.model_config import ModelConfig
+from edgeinfer.gguf.reader import read_gguf
+from edgeinfer.gguf.model_config import ModelConfig
 
 # The type llama.cpp gives blk.0.ffn_up.weight for each ftype (mixes like Q4_K_M raise some
 # other tensors to higher-bit types).

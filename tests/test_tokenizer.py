@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from edgeinfer.errors import GGUFError
-from edgeinfer.gguf_reader import read_gguf
+from edgeinfer.gguf.reader import read_gguf
 from edgeinfer.tokenizer import Tokenizer
 from edgeinfer.tokenizer.vocab import Vocab
 

@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 from textual.widgets import Input, Markdown
 
-from edgeinfer import cmd_chat
+from edgeinfer.cli import chat as cmd_chat
 from edgeinfer.errors import EdgeInferError, ModelNotFoundError
 from edgeinfer.llm import LLM
-from edgeinfer.sampling import SamplingParams
+from edgeinfer.engine.sampling import SamplingParams
 from edgeinfer.tui import session as sessions
 from edgeinfer.tui.app import ChatApp, ChatOptions
 from edgeinfer.tui.loading import LoadingScreen
@@ -544,6 +544,6 @@ def test_describe_uses_the_loaded_model_not_the_file(loaded, tmp_path):
 
 
 def test_widgets_do_not_import_other_commands():
-    code = "import sys, edgeinfer.tui.widgets; print('edgeinfer.cmd_info' in sys.modules)"
+    code = "import sys, edgeinfer.tui.widgets; print('edgeinfer.cli.info' in sys.modules)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.stdout.strip() == "False", r.stderr

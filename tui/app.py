@@ -12,8 +12,8 @@ from textual.app import App
 from textual.binding import Binding
 
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.hub import DEFAULT_MODEL
-from edgeinfer.sampling import SamplingParams
+from edgeinfer.gguf.hub import DEFAULT_MODEL
+from edgeinfer.engine.sampling import SamplingParams
 
 from . import session as sessions
 from .chat_screen import ChatScreen

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.sampling import SamplingParams
+from edgeinfer.engine.sampling import SamplingParams
 
 # A chat reply with no cap could run until a 4k context fills; Esc stops one earlier.
 DEFAULT_MAX_TOKENS = 1024
@@ -197,7 +197,7 @@ class ChatSession:
 def load(model: str, threads: int | None, ctx: int | None, progress) -> tuple[object, ModelInfo]:
     """Resolve (pulling on first use), load and warm up a model. `progress(message, fraction)`
     is called from this (worker) thread."""
-    from edgeinfer import hub
+    from edgeinfer.gguf import hub
     from edgeinfer.llm import LLM
 
     path = hub.resolve_model(model, progress=lambda msg, fraction=None: progress(msg, fraction))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from edgeinfer.gguf_reader import GGUFFile, read_gguf
+from edgeinfer.gguf.reader import GGUFFile, read_gguf
 from edgeinfer.tokenizer.bpe import CHAR_TO_BYTE, BPEModel
 from edgeinfer.tokenizer.special import SpecialSplitter
 from edgeinfer.tokenizer.spm import SPMModel

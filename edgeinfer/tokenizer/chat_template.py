@@ -32,7 +32,7 @@ import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.gguf_reader import GGUFFile, read_gguf
+from edgeinfer.gguf.reader import GGUFFile, read_gguf
 from edgeinfer.tokenizer.vocab import bos_eos_ids
 
 TIME_LIMIT_S = 2.0

@@ -15,11 +15,11 @@ import numpy as np
 import psutil
 
 from edgeinfer import kernels
-from edgeinfer.block_manager import KVCacheFullError
+from edgeinfer.engine.block_manager import KVCacheFullError
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.gguf_reader import read_gguf
-from edgeinfer.kv_cache import BLOCK_SIZE, KV_DTYPES, KVCache
-from edgeinfer.memory_plan import (
+from edgeinfer.gguf.reader import read_gguf
+from edgeinfer.engine.kv_cache import BLOCK_SIZE, KV_DTYPES, KVCache
+from edgeinfer.engine.memory_plan import (
     DEFAULT_CTX,
     PREFILL_CHUNK,
     kv_block_bytes,
@@ -27,7 +27,7 @@ from edgeinfer.memory_plan import (
     step_bytes,
     weights_bytes,
 )
-from edgeinfer.model_config import ModelConfig
+from edgeinfer.gguf.model_config import ModelConfig
 from edgeinfer.models import Batch, load_model
 from edgeinfer.units import human_bytes
 
@@ -63,7 +63,7 @@ class ModelRunner:
         step_tokens: int = PREFILL_CHUNK,
         step_logit_rows: int | None = None,
     ):
-        from edgeinfer.hub import resolve_model
+        from edgeinfer.gguf.hub import resolve_model
 
         if kv_dtype not in KV_DTYPES:
             raise EdgeInferError(
@@ -133,7 +133,7 @@ class ModelRunner:
 
     @cached_property
     def chat_template(self):
-        from edgeinfer.chat_template import ChatTemplate
+        from edgeinfer.tokenizer.chat_template import ChatTemplate
 
         return ChatTemplate.from_gguf(self.gguf)
 

@@ -10,10 +10,10 @@ from typing import Annotated
 
 import typer
 
-from edgeinfer import memory_plan
-from edgeinfer.gguf_reader import GGUFFile, read_gguf
-from edgeinfer.hub import MODELS, resolve_model
-from edgeinfer.model_config import ModelConfig
+from edgeinfer.engine import memory_plan
+from edgeinfer.gguf.reader import GGUFFile, read_gguf
+from edgeinfer.gguf.hub import MODELS, resolve_model
+from edgeinfer.gguf.model_config import ModelConfig
 from edgeinfer.units import human_bytes, human_count
 
 

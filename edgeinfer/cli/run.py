@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from edgeinfer.cli_options import (
+from edgeinfer.cli.options import (
     Ctx,
     KVBudget,
     MinP,
@@ -23,7 +23,7 @@ from edgeinfer.cli_options import (
     kv_budget_bytes,
 )
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.hub import DEFAULT_MODEL
+from edgeinfer.gguf.hub import DEFAULT_MODEL
 
 
 def run(
@@ -59,7 +59,7 @@ def run(
 ) -> None:
     """Complete a prompt: tokens stream to stdout, then a stats line goes to stderr."""
     from edgeinfer.llm import LLM
-    from edgeinfer.sampling import SamplingParams
+    from edgeinfer.engine.sampling import SamplingParams
 
     if prompt is None:
         raise EdgeInferError("no prompt: pass one with -p/--prompt")

@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass
 from time import perf_counter
 
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.memory_plan import PREFILL_CHUNK
-from edgeinfer.scheduler import Scheduler
-from edgeinfer.sequence import Sequence
+from edgeinfer.engine.memory_plan import PREFILL_CHUNK
+from edgeinfer.engine.scheduler import Scheduler
+from edgeinfer.engine.sequence import Sequence
 
 # Every token of a step takes the row-wise kernels (kernels.matmul), which keeps each sequence's
 # arithmetic the same whoever it shares a step with; for prompts they are also faster than BLAS

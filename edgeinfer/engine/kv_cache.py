@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgeinfer.block_manager import BlockManager
-from edgeinfer.model_config import ModelConfig
+from edgeinfer.engine.block_manager import BlockManager
+from edgeinfer.gguf.model_config import ModelConfig
 
 BLOCK_SIZE = 16
 KV_DTYPES = {"f16": np.uint16, "f32": np.float32}

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from edgeinfer.sequence import Sequence
+    from edgeinfer.engine.sequence import Sequence
 
 
 @dataclass(frozen=True)

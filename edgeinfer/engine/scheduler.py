@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from edgeinfer.block_manager import BlockManager
+from edgeinfer.engine.block_manager import BlockManager
 
 
 def rank(seq) -> tuple[int, int]:

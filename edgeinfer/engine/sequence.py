@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 from time import perf_counter
 
-from edgeinfer.sampling import Sampler, SamplingParams
-from edgeinfer.stop import StopStrings
+from edgeinfer.engine.sampling import Sampler, SamplingParams
+from edgeinfer.engine.stop import StopStrings
 
 
 class Sequence:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from edgeinfer import hub
+from edgeinfer.gguf import hub
 
 
 def pull(

@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import psutil
 
-from edgeinfer.gguf_reader import GGUFFile
-from edgeinfer.kv_cache import BLOCK_SIZE, KV_DTYPES
-from edgeinfer.model_config import ModelConfig
+from edgeinfer.gguf.reader import GGUFFile
+from edgeinfer.engine.kv_cache import BLOCK_SIZE, KV_DTYPES
+from edgeinfer.gguf.model_config import ModelConfig
 
 # Longest run of tokens one forward call processes; longer prompts go in chunks, which bounds
 # activation memory (the chunk's K/V are in the cache before the next chunk attends to them).

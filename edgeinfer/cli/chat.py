@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from edgeinfer.cli_options import (
+from edgeinfer.cli.options import (
     Ctx,
     MinP,
     ModelArg,
@@ -18,7 +18,7 @@ from edgeinfer.cli_options import (
     check_counts,
 )
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.hub import DEFAULT_MODEL
+from edgeinfer.gguf.hub import DEFAULT_MODEL
 
 
 def chat(
@@ -39,7 +39,7 @@ def chat(
     seed: Seed = None,
 ) -> None:
     """Chat with a model in the terminal: streaming replies, live tok/s, /help for commands."""
-    from edgeinfer.sampling import SamplingParams
+    from edgeinfer.engine.sampling import SamplingParams
     from edgeinfer.tui.app import ChatApp, ChatOptions
     from edgeinfer.tui.session import DEFAULT_MAX_TOKENS
 
@@ -64,9 +64,9 @@ def _check_model(model: str) -> None:
 
     A short name not pulled yet is pulled (and checked) in the app, behind the loading screen.
     """
-    from edgeinfer import hub
-    from edgeinfer.gguf_reader import read_gguf
-    from edgeinfer.model_config import ModelConfig
+    from edgeinfer.gguf import hub
+    from edgeinfer.gguf.reader import read_gguf
+    from edgeinfer.gguf.model_config import ModelConfig
 
     if model in hub.MODELS and not hub.model_path(model).is_file():
         return

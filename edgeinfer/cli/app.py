@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from edgeinfer import cmd_chat, cmd_info, cmd_pull, cmd_run
+from edgeinfer.cli import chat, info, pull, run
 from edgeinfer.errors import EdgeInferError
 
 try:  # recent typer vendors click; older releases use the click package
@@ -22,10 +22,10 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-app.command("chat")(cmd_chat.chat)
-app.command("info")(cmd_info.info)
-app.command("pull")(cmd_pull.pull)
-app.command("run")(cmd_run.run)
+app.command("chat")(chat.chat)
+app.command("info")(info.info)
+app.command("pull")(pull.pull)
+app.command("run")(run.run)
 
 
 def main() -> None:

@@ -14,7 +14,7 @@ import numpy as np
 from gguf import GGUFValueType
 
 from edgeinfer.errors import GGUFError
-from edgeinfer.gguf_reader import INTEGER_VALUE_TYPES, GGUFFile
+from edgeinfer.gguf.reader import INTEGER_VALUE_TYPES, GGUFFile
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 SUPPORTED_TOKENIZERS = ("llama", "gpt2")  # SentencePiece, byte-level BPE
