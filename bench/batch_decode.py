@@ -6,10 +6,11 @@ Batched decode shares each weight read between the sequences of a step, so a ste
 less than n steps of one; how much less is bounded by the arithmetic the cores can do once the
 weights are no longer the bottleneck. Per model and n: n sequences each get the same 64-token
 prompt shape, then `--steps` steps decode one token for every sequence at once; reported is
-the fastest step (ms) and its ratio to n = 1, for edgeinfer (`ModelRunner.forward_batch`, the
-fastest kernels for the batch size) and for llama.cpp (llama-cpp-python's low-level
-`llama_decode`, one batch holding a token of each sequence), both on the same GGUF file with
-the same threads, in this process, one after the other.
+the fastest step (ms) and its ratio to n = 1, for edgeinfer (one runner pass over a token of
+each sequence, the fastest kernels for the batch size, as the engine's decode steps) and for
+llama.cpp (llama-cpp-python's low-level `llama_decode`, one batch holding a token of each
+sequence), both on the same GGUF file with the same threads, in this process, one after the
+other.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import time
 import llama_cpp
 
 from edgeinfer.gguf import hub
-from edgeinfer.engine.runner import ModelRunner
+from edgeinfer.llm import LLM
 
 PROMPT = 64
 MAX_SEQS = 16
@@ -33,18 +34,20 @@ def _prompt(seq: int) -> list[int]:
 
 
 def edgeinfer_steps(path, sizes, steps: int, threads: int) -> dict[int, float]:
-    runner = ModelRunner(path, threads=threads, ctx=CTX_PER_SEQ, parallel=max(sizes))
+    engine = LLM(str(path), threads=threads, ctx=CTX_PER_SEQ, parallel=max(sizes)).engine
+    scheduler = engine.scheduler
     best = {}
     for n in sizes:
         for s in range(n):
-            runner.forward_last(s, _prompt(s))
+            engine.forward(s, _prompt(s))
         times = []
         for k in range(steps):
             t0 = time.perf_counter()
-            runner.forward_batch([(s, [200 + s + k]) for s in range(n)])
+            chunks = [scheduler.extend(s, [200 + s + k], scheduler.seq_len(s)) for s in range(n)]
+            engine.runner.execute(chunks, row_wise=False)
             times.append(time.perf_counter() - t0)
         for s in range(n):
-            runner.free(s)
+            engine.release(s)
         best[n] = min(times)
     return best
 

@@ -56,8 +56,8 @@ def prompt_ids(path: Path, n: int) -> list[int]:
 
 def decode_bytes(path: Path, mean_pos: int) -> tuple[int, int]:
     """(weight bytes, f16 KV bytes) one decode step reads at context position mean_pos."""
-    from edgeinfer.gguf.reader import read_gguf
     from edgeinfer.gguf.model_config import ModelConfig
+    from edgeinfer.gguf.reader import read_gguf
 
     g = read_gguf(path)
     try:

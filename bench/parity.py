@@ -43,14 +43,12 @@ PAIRS = (
 
 
 def _edgeinfer(path: Path, threads: int, kv_dtype: str):
-    from edgeinfer.engine.runner import ModelRunner
+    from edgeinfer.llm import LLM
 
-    runner = ModelRunner(path, threads=threads, ctx=N_CTX, kv_dtype=kv_dtype)
+    llm = LLM(str(path), threads=threads, ctx=N_CTX, kv_dtype=kv_dtype)
 
     def logits(tokens: list[int]) -> np.ndarray:
-        out = runner.forward(0, tokens)
-        runner.free(0)
-        return out.astype(np.float64)
+        return llm.logits(tokens).astype(np.float64)
 
     return logits
 

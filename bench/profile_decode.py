@@ -23,8 +23,9 @@ import numpy as np
 
 import edgeinfer.models.base as base
 from edgeinfer import kernels
+from edgeinfer.engine.engine import Engine
 from edgeinfer.kernels.block_matmul import PartsKernel
-from edgeinfer.engine.runner import ModelRunner
+from edgeinfer.llm import LLM
 
 # Thin Python wrappers around one compiled kernel each (their own overhead is an np.empty).
 _WRAPPED = {
@@ -57,7 +58,7 @@ class _Clock:
 
 
 @contextmanager
-def _instrumented(runner: ModelRunner, clock: _Clock):
+def _instrumented(runner, clock: _Clock):
     model = runner.model
     roles = {id(model.output): "head"}
     for L in model.layers:
@@ -127,11 +128,11 @@ def _linears(model):
         yield from (L.qkv, L.wo, L.gate_up, L.down)
 
 
-def _decode(runner: ModelRunner, seq_id: int, first: int, steps: int) -> float:
+def _decode(engine: Engine, seq_id: int, first: int, steps: int) -> float:
     token = first
     t0 = time.perf_counter()
     for _ in range(steps):
-        token = int(np.argmax(runner.forward_last(seq_id, [token])))
+        token = int(np.argmax(engine.forward(seq_id, [token])[-1]))
     return time.perf_counter() - t0
 
 
@@ -145,9 +146,9 @@ def _timer_overhead() -> float:
     return (time.perf_counter() - t0) / n
 
 
-def profile_decode(runner: ModelRunner, steps: int = 64, prompt_len: int = 128, seed: int = 0):
+def profile_decode(engine: Engine, steps: int = 64, prompt_len: int = 128, seed: int = 0):
     """Decode `steps` tokens after a random `prompt_len`-token prompt, plain and instrumented
-    (the runner needs a context of prompt_len + 2 * steps + 4).
+    (the engine needs a context of prompt_len + 2 * steps + 4).
 
     -> dict: step_ms (plain), kinds {kind: {"calls": per step, "ms": per step}} (instrumented,
     timer overhead subtracted), kernel_ms (compiled kernels per step), python_ms, python_share;
@@ -160,19 +161,20 @@ def profile_decode(runner: ModelRunner, steps: int = 64, prompt_len: int = 128, 
     plain and the instrumented runs can also land in different spells.)
     """
     rng = np.random.default_rng(seed)
+    runner = engine.runner
     vocab = runner.config.vocab_size
     prompt = rng.integers(0, vocab, prompt_len).tolist()
     seq = 1 << 30  # an id no caller uses
-    runner.free(seq)
+    engine.release(seq)
     try:
-        runner.forward_last(seq, prompt)
-        _decode(runner, seq, prompt[-1], 4)  # warm-up (compilation, first-touch pages)
-        plain = _decode(runner, seq, prompt[-1], steps) / steps
+        engine.forward(seq, prompt)
+        _decode(engine, seq, prompt[-1], 4)  # warm-up (compilation, first-touch pages)
+        plain = _decode(engine, seq, prompt[-1], steps) / steps
         clock = _Clock()
         with _instrumented(runner, clock):
-            instrumented = _decode(runner, seq, prompt[-1], steps) / steps
+            instrumented = _decode(engine, seq, prompt[-1], steps) / steps
     finally:
-        runner.free(seq)
+        engine.release(seq)
     overhead = _timer_overhead()
     kinds = {}
     for kind in sorted(clock.seconds):
@@ -235,8 +237,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=128)
     args = ap.parse_args()
-    runner = ModelRunner(args.model, threads=args.threads, ctx=args.prompt + 2 * args.steps + 8)
-    print(format_profile(profile_decode(runner, args.steps, args.prompt)))
+    llm = LLM(args.model, threads=args.threads, ctx=args.prompt + 2 * args.steps + 8)
+    print(format_profile(profile_decode(llm.engine, args.steps, args.prompt)))
 
 
 if __name__ == "__main__":

@@ -18,11 +18,11 @@ import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from edgeinfer.engine.outputs import Metrics
 from edgeinfer.engine.engine import EngineStats
-from edgeinfer.errors import EdgeInferError
+from edgeinfer.engine.outputs import Metrics, TokenLogprob
 from edgeinfer.engine.sampling import SamplingParams
 from edgeinfer.engine.sequence import Sequence
+from edgeinfer.errors import EdgeInferError
 
 __all__ = ["AsyncEngine", "RequestOutput"]
 
@@ -38,6 +38,7 @@ class RequestOutput:
     metrics: Metrics | None  # on the last output of a request that produced a token
     num_prompt_tokens: int
     num_cached_tokens: int  # prompt tokens reused from the prefix cache
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when params.logprobs is set
 
     @property
     def finished(self) -> bool:
@@ -54,8 +55,7 @@ class _Request:
 
 class AsyncEngine:
     """Load `model` on the engine thread (the constructor waits for it and re-raises a load
-    error); keyword arguments are `LLM`'s (threads, ctx, parallel, kv_budget, max_num_seqs,
-    max_num_batched_tokens, max_wait_ms, prefix_caching, ...)."""
+    error); keyword arguments are `LLM`'s: an `EngineConfig` or its fields."""
 
     def __init__(self, model: str, **llm_kwargs):
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -91,15 +91,9 @@ class AsyncEngine:
         Bad input raises here (PromptError, RequestTooLargeError, ...)."""
         if self._stopping:
             raise EdgeInferError("the engine is shut down")
-        llm = self.llm
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
-            ids, text = llm.chat_token_ids(prompt), None
-        else:
-            ids, text = llm._encode(prompt), prompt if isinstance(prompt, str) else None
-        (seq,) = llm._sequences([ids], params, [text])
-        seq.priority = priority
-        if request_id is not None:
-            seq.request_id = request_id
+        seq = self.llm.requests.from_prompt(
+            prompt, params, priority=priority, request_id=request_id
+        )
         if seq.request_id in self._requests:
             raise EdgeInferError(f"request id {seq.request_id!r} is already in use")
         request = _Request(seq, asyncio.get_running_loop())
@@ -202,7 +196,8 @@ class AsyncEngine:
 
     def _deliver(self, request: _Request, delta: str) -> None:
         seq = request.seq
-        tokens = seq.output_token_ids[request.sent_tokens :]
+        sent = request.sent_tokens
+        tokens = seq.output_token_ids[sent:]
         request.sent_tokens += len(tokens)
         finished = seq.finished
         output = RequestOutput(
@@ -213,6 +208,7 @@ class AsyncEngine:
             metrics=Metrics.from_sequence(seq) if finished and seq.t_first_token else None,
             num_prompt_tokens=seq.num_prompt_tokens,
             num_cached_tokens=seq.num_cached_tokens,
+            logprobs=None if seq.logprobs is None else seq.logprobs[sent:],
         )
         if finished:
             self._finish(request, output)

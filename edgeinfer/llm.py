@@ -7,7 +7,6 @@ that iterates them (several streams may be open at once; each step serves all of
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -15,21 +14,15 @@ from collections.abc import Sequence as Seq
 
 import numpy as np
 
-from edgeinfer.engine.outputs import Completion, Metrics
+from edgeinfer.config import EngineConfig
 from edgeinfer.engine.engine import Engine, EngineStats
-from edgeinfer.errors import EdgeInferError
-from edgeinfer.engine.memory_plan import PREFILL_CHUNK
+from edgeinfer.engine.outputs import Completion, Metrics
+from edgeinfer.engine.requests import Messages, Prompt, PromptError, check_token_ids, is_token
 from edgeinfer.engine.sampling import SamplingParams
 from edgeinfer.engine.sequence import Sequence
+from edgeinfer.errors import EdgeInferError
 
 __all__ = ["LLM", "Completion", "Metrics", "PromptError", "Stream"]
-
-Prompt = str | Seq[int]  # text, or token ids used as they are
-Messages = Seq[dict]  # [{"role": "system" | "user" | "assistant", "content": str}, ...]
-
-
-class PromptError(EdgeInferError, ValueError):
-    """A prompt that cannot run: empty, longer than the context, or with out-of-vocab ids."""
 
 
 class Stream:
@@ -77,48 +70,25 @@ class Stream:
 class LLM:
     """A loaded model. `model` is a GGUF path or a short name (`edgeinfer pull` lists them).
 
-    KV cache: `parallel` sequences of `ctx` tokens, or `kv_budget` bytes of 16-token blocks;
-    any mix of requests shares it. Up to `max_num_seqs` requests run per step, with at most
-    `max_num_batched_tokens` tokens in one forward pass; with nothing running, a partial batch
-    waits up to `max_wait_ms` for more requests; `prefix_caching` reuses the K/V of a prompt's
-    leading blocks when an earlier request had the same tokens. `batch_invariant` makes every
-    request's tokens the same as running it alone, bit for bit (vLLM's batch-invariant mode),
-    at the price of a slower single-sequence decode.
+    The keyword arguments are `EngineConfig`'s (threads, ctx, parallel, kv_budget, kv_dtype,
+    max_num_seqs, max_num_batched_tokens, max_wait_ms, prefix_caching, batch_invariant), or
+    pass a whole `config`. KV cache: `parallel` sequences of `ctx` tokens, or `kv_budget` bytes;
+    any mix of requests shares it. `batch_invariant` makes every request's tokens the same as
+    running it alone, bit for bit, at the price of a slower single-sequence decode.
     """
 
-    def __init__(
-        self,
-        model: str,
-        threads: int | None = None,
-        ctx: int | None = None,
-        kv_dtype: str = "f16",
-        parallel: int = 4,
-        kv_budget: int | None = None,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int = PREFILL_CHUNK,
-        prefix_caching: bool = True,
-        max_wait_ms: float = 0.0,
-        batch_invariant: bool = False,
-    ):
+    def __init__(self, model: str, config: EngineConfig | None = None, **knobs):
         from edgeinfer.engine.runner import ModelRunner
 
-        self._runner = ModelRunner(
-            model,
-            threads=threads,
-            ctx=ctx,
-            kv_dtype=kv_dtype,
-            parallel=parallel,
-            kv_budget=kv_budget,
-            prefix_caching=prefix_caching,
-            step_tokens=max_num_batched_tokens,
-            step_logit_rows=max_num_seqs,
-        )
-        self.engine = Engine(
-            self._runner, max_num_seqs, max_num_batched_tokens, max_wait_ms, batch_invariant
-        )
+        if config is None:
+            config = EngineConfig(**knobs)
+        elif knobs:
+            raise EdgeInferError("pass either an EngineConfig or its keyword arguments")
+        self.engine = Engine(ModelRunner(model, config), config)
+        self._runner = self.engine.runner
+        self.requests = self.engine.requests
         self.config = self._runner.config
         self.tokenizer = self._runner.tokenizer
-        self._seq_ids = itertools.count()
         self._pending: dict[int, deque[str]] = {}  # text not yet read from each open stream
 
     @property
@@ -143,7 +113,7 @@ class LLM:
 
     def kv_usage(self) -> tuple[int, int]:
         """(used, total) blocks of the paged KV cache."""
-        blocks = self._runner.kv.blocks
+        blocks = self.engine.blocks
         return blocks.num_used_blocks, blocks.num_blocks
 
     def kv_report(self) -> str:
@@ -155,12 +125,12 @@ class LLM:
 
     def logits(self, token_ids: Seq[int]) -> np.ndarray:
         """Logits after every position: # token_ids: [n] -> [n, vocab] float32 (for evaluation)."""
-        ids = self._check_ids(token_ids, limit=self.max_context)
-        seq_id = next(self._seq_ids)
+        ids = check_token_ids(token_ids, self.config.vocab_size, limit=self.max_context)
+        seq_id = self.requests.next_id()
         try:
-            return self._runner.forward(seq_id, ids)
+            return self.engine.forward(seq_id, ids)
         finally:
-            self._runner.free(seq_id)
+            self.engine.release(seq_id)
 
     def generate(
         self,
@@ -169,13 +139,13 @@ class LLM:
     ) -> list[Completion]:
         """Complete each prompt (text or token ids), all concurrently; one Completion per
         prompt, in order."""
-        if isinstance(prompts, str) or (len(prompts) and _is_token(prompts[0])):
+        if isinstance(prompts, str) or (len(prompts) and is_token(prompts[0])):
             prompts = [prompts]
-        return self._complete(self._sequences([self._encode(p) for p in prompts], params, prompts))
+        return self._complete(self._requests(prompts, params))
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Stream:
         """Text deltas of one completion as they are produced (stop strings never leak)."""
-        (seq,) = self._sequences([self._encode(prompt)], params, [prompt])
+        (seq,) = self._requests([prompt], params)
         return self._open_stream(seq)
 
     def chat(
@@ -184,79 +154,24 @@ class LLM:
         """Reply to one conversation or to each of a list of them (concurrently), using the
         model's template."""
         convs = [messages] if not messages or isinstance(messages[0], dict) else list(messages)
-        return self._complete(
-            self._sequences([self.chat_token_ids(c) for c in convs], params, None)
-        )
+        return self._complete(self._requests(convs, params))
 
     def stream_chat(self, messages: Messages, params: SamplingParams | None = None) -> Stream:
-        (seq,) = self._sequences([self.chat_token_ids(messages)], params, None)
+        (seq,) = self._requests([messages], params)
         return self._open_stream(seq)
 
     def chat_token_ids(self, messages: Messages) -> list[int]:
-        """The prompt a conversation becomes.
+        """The prompt a conversation becomes (the model's chat template, or for a base model
+        the messages' contents one per line)."""
+        return self.requests.chat_token_ids(messages)
 
-        With a chat template: the rendered template, tokenized with special tokens parsed. A
-        base model has none; like Ollama (whose default template is the bare prompt) and
-        design.md, it then runs as a plain completion of the messages' contents, one per line.
-        """
-        if not messages or not all(
-            isinstance(m, dict)
-            and isinstance(m.get("role"), str)
-            and isinstance(m.get("content"), str)
-            for m in messages
-        ):
-            raise PromptError("messages must be a non-empty list of {'role': str, 'content': str}")
-        if self.chat_template is None:
-            return self._encode("\n".join(m["content"] for m in messages))
-        ids = self.tokenizer.encode(self.chat_template.render(list(messages)), special=True)
-        # templates that write the BOS token themselves would otherwise get a second one
-        bos = self.tokenizer.bos_id
-        if len(ids) > 1 and bos is not None and ids[0] == ids[1] == bos:
-            ids = ids[1:]
-        return ids
-
-    def _encode(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, str):
-            # special=True: control tokens written in the prompt mean themselves, as in
-            # llama.cpp's completion tools and llama-cpp-python's create_completion
-            return self.tokenizer.encode(prompt, special=True)
-        return self._check_ids(prompt, limit=None)
-
-    def _check_ids(self, ids: Seq[int], limit: int | None) -> list[int]:
-        vocab = self.config.vocab_size
-        ids = [int(t) for t in ids]
-        if not ids:
-            raise PromptError("the prompt is empty (no tokens to run)")
-        if not all(0 <= t < vocab for t in ids):
-            raise PromptError(f"token ids must be in [0, {vocab}) for this model")
-        if limit is not None and len(ids) > limit:
-            raise PromptError(f"{len(ids)} tokens do not fit the context of {limit} tokens")
-        return ids
-
-    def _sequences(self, prompt_ids: list[list[int]], params, prompts) -> list[Sequence]:
-        """Validate every request before any compute, then make their Sequences."""
-        params = params if params is not None else SamplingParams()
-        if isinstance(params, SamplingParams):
-            params = [params] * len(prompt_ids)
-        if len(params) != len(prompt_ids):
-            raise EdgeInferError(f"{len(params)} SamplingParams for {len(prompt_ids)} prompts")
-        ctx = self.max_context
-        for ids in prompt_ids:
-            if not ids:
-                raise PromptError("the prompt is empty (no tokens to run)")
-            if len(ids) >= ctx:
-                raise PromptError(
-                    f"the prompt is {len(ids)} tokens but the context holds {ctx} (including at"
-                    " least one generated token): shorten the prompt or raise the context (--ctx)"
-                )
-        texts = [p if isinstance(p, str) else None for p in prompts or [None] * len(prompt_ids)]
-        seqs = [
-            Sequence(next(self._seq_ids), ids, p, self.tokenizer, ctx, prompt=text)
-            for ids, p, text in zip(prompt_ids, params, texts, strict=True)
-        ]
-        for seq in seqs:
-            self.engine.check(seq)
-        return seqs
+    def _requests(self, prompts, params) -> list[Sequence]:
+        """Check every request before any compute, then make their Sequences."""
+        if params is None or isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise EdgeInferError(f"{len(params)} SamplingParams for {len(prompts)} prompts")
+        return [self.requests.from_prompt(p, sp) for p, sp in zip(prompts, params, strict=True)]
 
     def _complete(self, seqs: list[Sequence]) -> list[Completion]:
         try:
@@ -296,7 +211,3 @@ class LLM:
                 self._pending[seq.seq_id].append(delta)
         if self.engine.wait_s:
             time.sleep(self.engine.wait_s)
-
-
-def _is_token(x) -> bool:
-    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)

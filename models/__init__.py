@@ -1,31 +1,29 @@
-"""edgeinfer.models: one module per `general.architecture`, a shared base, and the registry.
+"""edgeinfer.models: one module per `general.architecture`, over a shared base (`base.py`).
 
-Adding an architecture: a new module with a `DecoderModel` subclass and one entry in
-ARCHITECTURES (plus ModelConfig's list of supported architectures).
+Adding an architecture: a module named after it with a `DecoderModel` subclass, and one entry
+in ARCHITECTURES; ModelConfig accepts exactly these architectures. Nothing here imports the
+kernels until a model loads, so validating a file stays cheap.
 """
 
-from edgeinfer.gguf.reader import GGUFFile
-from edgeinfer.gguf.model_config import ModelConfig
+from __future__ import annotations
 
-from .base import Batch, DecoderModel
-from .gemma3 import Gemma3
-from .llama import Llama
-from .qwen2 import Qwen2
-from .qwen3 import Qwen3
+from importlib import import_module
+from typing import TYPE_CHECKING
 
-ARCHITECTURES: dict[str, type[DecoderModel]] = {
-    "llama": Llama,
-    "qwen2": Qwen2,
-    "qwen3": Qwen3,
-    "gemma3": Gemma3,
-}
+if TYPE_CHECKING:
+    from edgeinfer.gguf.model_config import ModelConfig
+    from edgeinfer.gguf.reader import GGUFFile
+
+    from .base import DecoderModel
+
+# general.architecture -> the class in the module of that name
+ARCHITECTURES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "gemma3": "Gemma3"}
 
 
 def load_model(g: GGUFFile, config: ModelConfig) -> DecoderModel:
-    """The model for config.arch with its weights from g (kept memory-mapped where possible).
+    """The model for config.arch with its weights from g (kept memory-mapped where possible)."""
+    module = import_module(f"{__name__}.{config.arch}")
+    return getattr(module, ARCHITECTURES[config.arch])(g, config)
 
-    ModelConfig.from_gguf has already refused architectures outside SUPPORTED_ARCHS."""
-    return ARCHITECTURES[config.arch](g, config)
 
-
-__all__ = ["ARCHITECTURES", "Batch", "DecoderModel", "load_model"]
+__all__ = ["ARCHITECTURES", "load_model"]

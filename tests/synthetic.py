@@ -2,9 +2,10 @@
 
 The F32 file is written with gguf.GGUFWriter using the tensor names, shapes and metadata that
 llama.cpp's loader expects (src/models/<arch>.cpp), then llama.cpp's own quantizer produces
-each ftype, so llama-cpp-python can serve as the oracle on exactly the same bytes. Files are
-cached under tests/.cache/<generator hash>/ and reused across runs; any edit to this module,
-or another llama-cpp-python/gguf version, changes the hash and rebuilds them.
+each ftype, so llama-cpp-python can serve as the oracle on exactly the same bytes; the F32
+files need no llama.cpp at all. Files are cached under tests/.cache/<generator hash>/ and
+reused across runs; any edit to this module, or another gguf (F32) or llama-cpp-python
+(quantized files) version, changes the hash and rebuilds them.
 """
 
 from __future__ import annotations
@@ -242,10 +243,12 @@ def quantize(src: Path, dst: Path, ftype: str) -> None:
 
 
 @functools.cache
-def generator_key() -> str:
+def generator_key(quantized: bool) -> str:
     """Changes whenever the files this module would write could change."""
     h = hashlib.sha256(Path(__file__).read_bytes())
-    h.update(f"{version('llama-cpp-python')} {version('gguf')}".encode())
+    h.update(f"gguf {version('gguf')}".encode())
+    if quantized:
+        h.update(f" llama-cpp-python {version('llama-cpp-python')}".encode())
     return h.hexdigest()[:16]
 
 
@@ -268,13 +271,12 @@ def model_path(arch: str, ftype: str, cache_root: Path = CACHE_ROOT) -> Path:
         raise ValueError(f"unknown arch {arch!r}; choose from {', '.join(ARCHS)}")
     if ftype not in FTYPES:
         raise ValueError(f"unknown ftype {ftype!r}; choose from {', '.join(FTYPES)}")
-    base = cache_root / generator_key()
-    f32 = base / f"{arch}-F32.gguf"
+    f32 = cache_root / generator_key(quantized=False) / f"{arch}-F32.gguf"
     if not f32.exists():
         _atomic(f32, lambda tmp: write_f32(arch, tmp))
     if ftype == "F32":
         return f32
-    out = base / f"{arch}-{ftype}.gguf"
+    out = cache_root / generator_key(quantized=True) / f"{arch}-{ftype}.gguf"
     if not out.exists():
         _atomic(out, lambda tmp: quantize(f32, tmp, ftype))
     return out

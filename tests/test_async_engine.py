@@ -5,16 +5,16 @@ import asyncio
 import pytest
 
 from edgeinfer.async_engine import AsyncEngine
+from edgeinfer.engine.sampling import SamplingParams
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.llm import LLM, PromptError
-from edgeinfer.engine.sampling import SamplingParams
 
 LONG = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
 def path(synthetic_model):
-    return str(synthetic_model("llama", "Q8_0"))
+    return str(synthetic_model("llama", "F32"))
 
 
 @pytest.fixture(scope="module")

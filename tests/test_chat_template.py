@@ -8,11 +8,11 @@ import time
 import llama_cpp
 import pytest
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-from test_tokenizer import ours, vocab_path
+from tokenizer_oracle import ours, vocab_path
 
-from edgeinfer.tokenizer.chat_template import ChatTemplate, ChatTemplateError
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.gguf.reader import read_gguf
+from edgeinfer.tokenizer.chat_template import ChatTemplate, ChatTemplateError
 
 CONVERSATION = [
     {"role": "system", "content": "You are terse."},

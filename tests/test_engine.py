@@ -4,13 +4,12 @@ it gets alone, aborts and preemption free everything, prefixes are reused, prior
 import numpy as np
 import pytest
 
-from edgeinfer.engine.engine import Engine, RequestTooLargeError
-from edgeinfer.errors import EdgeInferError
+from edgeinfer.engine.memory_plan import kv_block_bytes, step_bytes
+from edgeinfer.engine.requests import RequestTooLargeError
+from edgeinfer.engine.sampling import SamplingParams
+from edgeinfer.gguf.model_config import ModelConfig
 from edgeinfer.gguf.reader import read_gguf
 from edgeinfer.llm import LLM
-from edgeinfer.engine.memory_plan import kv_block_bytes, step_bytes
-from edgeinfer.gguf.model_config import ModelConfig
-from edgeinfer.engine.sampling import SamplingParams
 
 SMOL = "smollm2-135m-instruct"
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -41,7 +40,7 @@ def block_bytes(path) -> int:
 
 @pytest.fixture(scope="module")
 def synth(synthetic_model):
-    return synthetic_model("llama", "Q4_K_M")
+    return synthetic_model("llama", "F32")
 
 
 def test_a_batch_gives_each_request_its_tokens_alone(synth):
@@ -91,9 +90,7 @@ def engine_with(synth, **kw):
 
 
 def new_seq(llm, ids, params=GREEDY, priority=0):
-    (seq,) = llm._sequences([ids], params, None)
-    seq.priority = priority
-    return seq
+    return llm.requests.make(ids, params, priority=priority)
 
 
 def test_abort_during_prefill_and_during_decode_frees_every_block(synth):
@@ -152,39 +149,33 @@ def test_higher_priority_finishes_first_and_the_preempted_one_is_unchanged(synth
     assert low.output_token_ids == alone(synth, [[5, 6, 7]])[0]
 
 
-def test_engine_refuses_a_token_budget_past_the_planned_activations(synth):
-    llm = LLM(str(synth), threads=1)
-    with pytest.raises(Exception, match="at most 512"):
-        Engine(llm._runner, max_num_batched_tokens=4096)
-
-
-@pytest.mark.parametrize("tokens", [0, 4096])
-def test_a_step_token_budget_outside_the_activation_plan_is_refused(synth, tokens):
-    # activations are planned (and `edgeinfer info` reports them) for one prefill chunk at most
-    with pytest.raises(EdgeInferError, match="tokens per step must be 1 to 512"):
-        LLM(str(synth), threads=1, max_num_batched_tokens=tokens)
-
-
 def test_the_runner_plans_a_steps_logits_for_max_num_seqs(synth):
     llm = LLM(str(synth), threads=1, parallel=1, max_num_seqs=8, max_num_batched_tokens=64)
     with read_gguf(synth) as g:
         assert llm._runner.step_bytes == step_bytes(ModelConfig.from_gguf(g), 64, 8)
     assert "step buffers" in llm.kv_report() and "logits of 8" in llm.kv_report()
-    with pytest.raises(Exception, match="max_num_seqs must be at most 8"):
-        Engine(llm._runner, max_num_seqs=16, max_num_batched_tokens=64)
 
 
 def test_a_sequences_logits_do_not_depend_on_its_batch_mates(synth):
     """Bit for bit: decode alone, decode next to other sequences, and the same token computed
     inside a prompt chunk (as after a preemption) give the same logits."""
-    llm = LLM(str(synth), threads=2)
-    runner = llm._runner
-    ids = prompts(llm.config.vocab_size, [240], seed=3)[0][:240]  # keys past one split chunk
-    runner.execute([(0, ids[:-1], False)])
-    alone = runner.execute([(0, ids[-1:], True)])[0]
-    runner.execute([(1, ids[:-1], False), (2, ids[:20], False), (3, ids[:5], False)])
-    together = runner.execute([(2, [7], True), (1, ids[-1:], True), (3, [9], True)])[1]
-    in_chunk = runner.execute([(4, ids, True)])[0]
+    engine = LLM(str(synth), threads=2).engine
+    scheduler = engine.scheduler
+
+    def execute(*work):  # (seq_id, token ids, wants logits) -> one row-wise step
+        chunks = []
+        for seq_id, ids, wants in work:
+            chunk = scheduler.extend(seq_id, ids, scheduler.seq_len(seq_id))
+            chunk.wants_logits = wants
+            chunks.append(chunk)
+        return engine.runner.execute(chunks, row_wise=True)
+
+    ids = prompts(engine.runner.config.vocab_size, [240], seed=3)[0][:240]  # past a split chunk
+    execute((0, ids[:-1], False))
+    alone = execute((0, ids[-1:], True))[0]
+    execute((1, ids[:-1], False), (2, ids[:20], False), (3, ids[:5], False))
+    together = execute((2, [7], True), (1, ids[-1:], True), (3, [9], True))[1]
+    in_chunk = execute((4, ids, True))[0]
     assert np.array_equal(alone, together)
     assert np.array_equal(alone, in_chunk)
 

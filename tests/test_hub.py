@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from edgeinfer.gguf import hub
 from edgeinfer.errors import ModelNotFoundError, PullError
+from edgeinfer.gguf import hub
 
 
 @pytest.fixture

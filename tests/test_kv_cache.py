@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from edgeinfer.engine.block_manager import BlockManager, KVCacheFullError
-from edgeinfer.errors import EdgeInferError
 from edgeinfer.engine.kv_cache import KVCache
+from edgeinfer.errors import EdgeInferError
 
 
 def test_slots_follow_the_block_table():
@@ -61,12 +61,6 @@ def test_pools(dtype, storage):
     )
     kv.k[1][0, 0, 0, 0] = 1  # layer views alias the pool
     assert kv.k_pool[1, 0, 0, 0, 0] == 1
-    kv.blocks.append(4, 20)
-    kv.blocks.append(5, 3)
-    tables = kv.block_tables([5, 4])
-    assert tables.dtype == np.int32 and tables.shape == (2, 2)
-    assert tables[0, 0] == kv.blocks.block_table(5)[0]
-    assert list(tables[1]) == kv.blocks.block_table(4)
 
 
 def test_bad_dtype():

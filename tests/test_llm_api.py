@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from edgeinfer import LLM, SamplingParams
-from edgeinfer.errors import EdgeInferError
-from edgeinfer.llm import PromptError
 from edgeinfer.engine.sequence import Sequence
 from edgeinfer.engine.stop import StopStrings
+from edgeinfer.errors import EdgeInferError
+from edgeinfer.llm import PromptError
 
 # A gap between llama.cpp's best logit and the logit of the token we chose below this is a
 # near-tie: different (correct) arithmetic may order the two either way.
@@ -124,7 +124,7 @@ def test_context_full_finishes_with_length(smol_tokenizer):
 
 @pytest.fixture(scope="module")
 def tiny(synthetic_model):
-    return LLM(str(synthetic_model("llama", "Q8_0")), threads=1)
+    return LLM(str(synthetic_model("llama", "F32")), threads=1)
 
 
 def test_generate_returns_completions(tiny):
@@ -151,6 +151,49 @@ def test_greedy_first_token_is_argmax_of_logits(tiny):
     # the continuation is greedy all the way: re-running with it appended agrees
     longer = tiny.logits(ids + c.token_ids[:2])
     assert c.token_ids[1:3] == [int(np.argmax(longer[len(ids)])), int(np.argmax(longer[-1]))]
+
+
+def test_logprobs_are_the_log_softmax_of_the_raw_logits(tiny):
+    ids = tiny.tokenizer.encode("the quick brown fox jumps")
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True, logprobs=4)
+    c = tiny.generate(ids, params)[0]
+    logits = tiny.logits(ids + c.token_ids[:-1]).astype(np.float64)[len(ids) - 1 :]
+    ref = logits - logits.max(1, keepdims=True)
+    ref -= np.log(np.exp(ref).sum(1, keepdims=True))
+    assert len(c.logprobs) == len(c.token_ids) == 3
+    for lp, token, row in zip(c.logprobs, c.token_ids, ref, strict=True):
+        # the engine's decode kernel rounds differently from logits()'s: compare loosely
+        assert lp.token_id == token and lp.logprob == pytest.approx(row[token], abs=2e-3)
+        assert len(lp.top) == 4 and lp.top[0][0] == token  # greedy takes the most likely
+        values = [v for _, v in lp.top]
+        assert values == sorted(values, reverse=True)
+        for t, v in lp.top:
+            assert v == pytest.approx(row[t], abs=2e-3)
+        assert values[-1] >= np.sort(row)[-4] - 2e-3
+    assert tiny.generate(ids, SamplingParams(max_tokens=2))[0].logprobs is None
+
+
+def test_logits_processors_see_the_output_so_far_and_steer_sampling(tiny):
+    seen = []
+
+    def only(token):
+        def process(output_ids, logits):
+            seen.append(list(output_ids))
+            logits[:] = -np.inf
+            logits[token] = 0.0
+            return logits
+
+        return process
+
+    ids = tiny.tokenizer.encode("Hello world")
+    params = SamplingParams(max_tokens=4, ignore_eos=True, seed=1, logits_processors=[only(7)])
+    c = tiny.generate(ids, params)[0]
+    assert c.token_ids == [7, 7, 7, 7]
+    assert seen == [[], [7], [7, 7], [7, 7, 7]]
+    with pytest.raises(EdgeInferError, match="logits_processors"):
+        SamplingParams(logits_processors=[3])
+    with pytest.raises(EdgeInferError, match="logprobs"):
+        SamplingParams(logprobs=21)
 
 
 @pytest.mark.parametrize(
@@ -188,7 +231,7 @@ def test_seed_reproducible_and_seeds_differ(tiny):
 
 
 def test_prompt_longer_than_context_fails_before_compute(tiny):
-    blocks = tiny._runner.kv.blocks
+    blocks = tiny.engine.blocks
     free = blocks.num_free_blocks
     long_ids = [5] * tiny.max_context
     with pytest.raises(PromptError, match="context"):
@@ -206,7 +249,7 @@ def test_prompt_longer_than_context_fails_before_compute(tiny):
 
 
 def test_stream_closed_early_frees_the_cache(tiny):
-    blocks = tiny._runner.kv.blocks
+    blocks = tiny.engine.blocks
     free = blocks.num_free_blocks
     stream = tiny.stream(
         "Hello world", SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
@@ -360,7 +403,7 @@ def test_template_that_does_not_compile_fails_only_chat(synthetic_model, tmp_pat
     from edgeinfer.tokenizer.chat_template import ChatTemplateError
 
     path = _with_chat_template(
-        synthetic_model("llama", "Q8_0"), tmp_path / "bad-template.gguf", "{% if %}"
+        synthetic_model("llama", "F32"), tmp_path / "bad-template.gguf", "{% if %}"
     )
     llm = LLM(str(path), threads=1)  # loading does not need the template
     out = llm.generate("Hello world", SamplingParams(temperature=0, max_tokens=2))

@@ -8,8 +8,8 @@ import pytest
 import synthetic
 
 from edgeinfer.engine import memory_plan
-from edgeinfer.gguf.reader import read_gguf
 from edgeinfer.gguf.model_config import ModelConfig
+from edgeinfer.gguf.reader import read_gguf
 
 
 def load(path):

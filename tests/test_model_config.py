@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgeinfer.errors import EdgeInferError, GGUFError
-from edgeinfer.gguf.reader import read_gguf
 from edgeinfer.gguf.model_config import SUPPORTED_ARCHS, ModelConfig
+from edgeinfer.gguf.reader import read_gguf
 
 DROP = object()
 
@@ -166,17 +166,24 @@ def test_gemma3_explicit_swa_keys(tmp_path):
     assert [c.is_sliding(i) for i in range(4)] == [True, False, True, False]
 
 
-def test_rope_scaling(tmp_path):
+def test_linear_rope_scaling(tmp_path):
     meta = {
-        "llama.rope.scaling.type": ("yarn", V.STRING, None),
+        "llama.rope.scaling.type": ("linear", V.STRING, None),
         "llama.rope.scaling.factor": (4.0, V.FLOAT32, None),
         "llama.rope.scaling.original_context_length": (32, V.UINT32, None),
-        "llama.rope.scaling.yarn_log_multiplier": (0.1, V.FLOAT32, None),
     }
     c = config_of(write_tiny(tmp_path / "m.gguf", meta=meta))
-    assert c.rope_scaling["type"] == "yarn"
-    assert c.rope_scaling["factor"] == 4.0 and c.rope_scaling["original_context_length"] == 32
-    assert c.rope_scaling["yarn_log_multiplier"] == pytest.approx(0.1)
+    assert c.rope_scaling == {"type": "linear", "factor": 4.0, "original_context_length": 32}
+
+
+@pytest.mark.parametrize("kind", ["yarn", "longrope"])
+def test_rope_scalings_the_models_lack_are_refused_by_name(tmp_path, kind):
+    meta = {
+        "llama.rope.scaling.type": (kind, V.STRING, None),
+        "llama.rope.scaling.factor": (4.0, V.FLOAT32, None),
+    }
+    with pytest.raises(GGUFError, match=f"rope.scaling.type: RoPE scaling '{kind}' is not supp"):
+        config_of(write_tiny(tmp_path / "m.gguf", meta=meta))
 
 
 def test_linear_rope_scaling_from_old_key(tmp_path):
@@ -232,7 +239,7 @@ def test_unsupported_arch_is_a_user_error(tmp_path):
         ("llama.attention.head_count", (64, V.UINT32, None), "leave no head dimension"),
         ("llama.rope.dimension_count", (4, V.UINT32, None), "does not fit head dimension 8"),
         ("llama.block_count", (1 << 32, V.UINT64, None), "blocks but only"),
-        ("llama.rope.scaling.type", ("weird", V.STRING, None), "unknown 'weird'"),
+        ("llama.rope.scaling.type", ("weird", V.STRING, None), "'weird' is not supported"),
         ("general.name", (7, V.UINT8, None), "general.name: must be a string"),
     ],
 )

@@ -6,7 +6,7 @@ Real models: mean KL(llama.cpp || edgeinfer) and top-1 agreement over several pr
 (>= 256 positions), bounded by 1e-3 / 98 % or by llama.cpp's disagreement with itself (batched
 against one token at a time, f16 against f32 KV; with a margin) where that floor is higher;
 greedy continuations agree until a near-tie.
-Both sides use a float16 KV cache. Also: the runner's error handling and batching.
+Both sides use a float16 KV cache. Also: evaluation passes' error handling and chunking.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from llama_oracle import F32, PROMPTS, kl, oracle, oracle_logits
 
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.engine.runner import ModelRunner
+from edgeinfer.llm import LLM
 
 llama_cpp = pytest.importorskip("llama_cpp")
 
@@ -49,10 +49,10 @@ GREEDY_PROMPTS = [
 @pytest.mark.parametrize("arch", ARCHS)
 def test_synthetic_parity(synthetic_model, arch, ftype):
     path = synthetic_model(arch, ftype)
-    runner = ModelRunner(path, threads=2, ctx=64)
-    tokens = np.random.default_rng(1).integers(0, runner.config.vocab_size, N_SYNTH).tolist()
-    ours = [runner.forward(0, tokens[:N_PREFILL])]
-    ours += [runner.forward(0, [t]) for t in tokens[N_PREFILL:]]
+    llm = LLM(str(path), threads=2, ctx=64)
+    tokens = np.random.default_rng(1).integers(0, llm.config.vocab_size, N_SYNTH).tolist()
+    ours = [llm.engine.forward(0, tokens[:N_PREFILL])]
+    ours += [llm.engine.forward(0, [t]) for t in tokens[N_PREFILL:]]
     ours = np.concatenate(ours).astype(np.float64)
     ref = oracle_logits(oracle(path, 64), tokens)
     nmse = np.sum((ours - ref) ** 2) / np.sum(ref**2)
@@ -62,7 +62,7 @@ def test_synthetic_parity(synthetic_model, arch, ftype):
 @pytest.fixture(scope="module", params=["smollm2-135m-instruct", "gemma3-270m"])
 def real_pair(request, real_model):
     path = real_model(request.param)
-    return request.param, ModelRunner(path, threads=2, ctx=512), oracle(path, 512)
+    return request.param, LLM(str(path), threads=2, ctx=512).engine, oracle(path, 512)
 
 
 def test_real_model_logits(real_pair, real_model):
@@ -77,7 +77,7 @@ def test_real_model_logits(real_pair, real_model):
     floor, so the bounds are KL_MAX / TOP1_MIN or the floor (with a margin), whichever is
     looser; the floor is measured here, on the same prompts: the larger disagreement of the two.
     """
-    name, runner, llm = real_pair
+    name, engine, llm = real_pair
     path = str(real_model(name))
     others = {
         "f32 KV": oracle(path, 512, type_k=F32, type_v=F32),
@@ -89,8 +89,8 @@ def test_real_model_logits(real_pair, real_model):
     for i, text in enumerate(PROMPTS):
         tokens = llm.tokenize(text.encode(), add_bos=True, special=False)
         ref = oracle_logits(llm, tokens)
-        ours = runner.forward(100 + i, tokens)
-        runner.free(100 + i)
+        ours = engine.forward(100 + i, tokens)
+        engine.release(100 + i)
         kls.append(kl(ref, ours))
         agree.append(ref.argmax(-1) == ours.argmax(-1))
         for key, other_llm in others.items():
@@ -115,13 +115,13 @@ def test_real_model_logits(real_pair, real_model):
 
 
 def test_real_model_greedy(real_pair):
-    name, runner, llm = real_pair
+    name, engine, llm = real_pair
     total = 0
     for i, text in enumerate(GREEDY_PROMPTS):
         tokens = llm.tokenize(text.encode(), add_bos=True, special=False)
         llm.reset()
         llm.eval(tokens)
-        ours = runner.forward_last(200 + i, tokens)
+        ours = engine.forward(200 + i, tokens)[-1]
         compared = 0
         for _ in range(GREEDY_STEPS):
             ref = np.array(llm.scores[llm.n_tokens - 1])
@@ -132,64 +132,54 @@ def test_real_model_greedy(real_pair):
             assert int(ours.argmax()) == want, f"{name}: step {compared} differs"
             compared += 1
             llm.eval([want])
-            ours = runner.forward_last(200 + i, [want])
-        runner.free(200 + i)
+            ours = engine.forward(200 + i, [want])[-1]
+        engine.release(200 + i)
         total += compared
         print(f"{name} prompt {i}: {compared} greedy tokens agree before a near-tie/end")
     assert total >= MIN_GREEDY_COMPARED
 
 
 @pytest.fixture(scope="module")
-def small_runner(synthetic_model):
+def small_engine(synthetic_model):
     # F32 weights: the small-n and large-n matmul paths then agree to float rounding, so
-    # batching and caching are compared exactly rather than through int8 activation noise.
-    return ModelRunner(synthetic_model("llama", "F32"), threads=2, ctx=40, parallel=2)
+    # chunking and caching are compared exactly rather than through int8 activation noise.
+    return LLM(str(synthetic_model("llama", "F32")), threads=2, ctx=40, parallel=2).engine
 
 
-def test_bad_token_ids(small_runner):
-    vocab = small_runner.config.vocab_size
+def test_bad_token_ids(small_engine):
+    vocab = small_engine.runner.config.vocab_size
     for bad in ([vocab], [-1], [1.5], []):
         with pytest.raises(EdgeInferError):
-            small_runner.forward(0, bad)
-    assert small_runner.seq_len(0) == 0
+            small_engine.forward(0, bad)
+    assert small_engine.scheduler.seq_len(0) == 0
 
 
-def test_context_overflow_leaves_sequence_intact(small_runner):
-    small_runner.forward_last(1, list(range(30)))
+def test_context_overflow_leaves_sequence_intact(small_engine):
+    small_engine.forward(1, list(range(30)))
     with pytest.raises(EdgeInferError, match="context length 40"):
-        small_runner.forward_last(1, list(range(11)))
-    assert small_runner.seq_len(1) == 30
-    small_runner.forward_last(1, list(range(10)))  # exactly up to the limit still works
-    assert small_runner.seq_len(1) == 40
-    small_runner.free(1)
+        small_engine.forward(1, list(range(11)))
+    assert small_engine.scheduler.seq_len(1) == 30
+    small_engine.forward(1, list(range(10)))  # exactly up to the limit still works
+    assert small_engine.scheduler.seq_len(1) == 40
+    small_engine.release(1)
 
 
-def test_forward_last_and_batch_match_forward(small_runner):
-    r = small_runner
-    a, b = list(range(5, 30)), list(range(40, 49))
-    full_a = r.forward(2, a)
-    r.free(2)
-    last_a = r.forward_last(2, a)
-    r.free(2)
-    np.testing.assert_allclose(last_a, full_a[-1], rtol=1e-4, atol=1e-4)
-    full_b = r.forward(3, b)
-    r.free(3)
-    # One pass over two sequences; then a batched decode step continuing both.
-    out = r.forward_batch([(2, a[:20]), (3, b)], all_logits=True)
-    np.testing.assert_allclose(out[0], full_a[:20], rtol=1e-3, atol=1e-3)
-    np.testing.assert_allclose(out[1], full_b, rtol=1e-3, atol=1e-3)
-    step = r.forward_batch([(3, [7]), (2, a[20:21])])
-    ref_a = r.forward(4, a[:21])[-1]
-    np.testing.assert_allclose(step[1][0], ref_a, rtol=1e-3, atol=1e-3)
-    for s in (2, 3, 4):
-        r.free(s)
+def test_a_sequence_continued_in_passes_matches_one_pass(small_engine):
+    e = small_engine
+    a = list(range(5, 30))
+    full = e.forward(2, a)
+    e.release(2)
+    parts = [e.forward(3, a[:20]), e.forward(3, a[20:21]), e.forward(3, a[21:])]
+    e.release(3)
+    np.testing.assert_allclose(np.concatenate(parts), full, rtol=1e-3, atol=1e-3)
+    assert e.blocks.num_used_blocks == 0
 
 
 def test_kv_f32_close_to_f16(synthetic_model):
-    path = synthetic_model("qwen3", "F32")
+    path = str(synthetic_model("qwen3", "F32"))
     tokens = list(range(3, 40))
-    a = ModelRunner(path, ctx=64, kv_dtype="f16").forward(0, tokens)
-    b = ModelRunner(path, ctx=64, kv_dtype="f32").forward(0, tokens)
+    a = LLM(path, ctx=64, kv_dtype="f16").logits(tokens)
+    b = LLM(path, ctx=64, kv_dtype="f32").logits(tokens)
     assert np.sum((a - b) ** 2) / np.sum(b**2) < 1e-4
     with pytest.raises(EdgeInferError, match="kv dtype"):
-        ModelRunner(path, kv_dtype="q4")
+        LLM(path, kv_dtype="q4")

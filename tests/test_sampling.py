@@ -9,7 +9,6 @@ import math
 import numpy as np
 import pytest
 
-from edgeinfer.errors import EdgeInferError
 from edgeinfer.engine.sampling import (
     Sampler,
     SamplingParams,
@@ -17,6 +16,7 @@ from edgeinfer.engine.sampling import (
     apply_penalties,
     candidates,
 )
+from edgeinfer.errors import EdgeInferError
 
 llama_cpp = pytest.importorskip("llama_cpp")
 

@@ -4,6 +4,7 @@ import itertools
 
 import pytest
 
+from edgeinfer.config import EngineConfig
 from edgeinfer.engine.block_manager import BlockManager
 from edgeinfer.engine.scheduler import Scheduler
 
@@ -20,17 +21,23 @@ class Seq:
 
 
 def advance(s: Scheduler, batch) -> None:
-    """What the runner and the engine do with a step: take the tokens' slots, count them as
-    computed, and give every sequence whose tokens are all computed a new one."""
-    for seq, n in batch.chunks:
-        s.blocks.append(seq.seq_id, n)
-        seq.num_computed += n
-        if seq.num_computed == len(seq.token_ids):
-            seq.token_ids.append(7)
+    """What the engine does with a step once it ran: commit it, and give every sequence whose
+    tokens are all computed a new one."""
+    s.commit(batch)
+    for chunk in batch.chunks:
+        if chunk.wants_logits:
+            chunk.seq.token_ids.append(7)
+
+
+def pairs(batch) -> list[tuple[Seq, int]]:
+    return [(c.seq, len(c.token_ids)) for c in batch.chunks]
 
 
 def make(num_blocks=64, max_num_seqs=8, max_tokens=32, wait=0.0):
-    return Scheduler(BlockManager(num_blocks, BS), max_num_seqs, max_tokens, wait)
+    config = EngineConfig(
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_tokens, max_wait_ms=wait * 1000
+    )
+    return Scheduler(BlockManager(num_blocks, BS), config)
 
 
 def test_decodes_and_prompt_chunks_share_one_step_within_the_token_budget():
@@ -41,12 +48,12 @@ def test_decodes_and_prompt_chunks_share_one_step_within_the_token_budget():
     b = Seq(20)
     s.add(b, 0)
     batch = s.schedule(0)
-    assert [(q, n) for q, n in batch.chunks] == [(a, 1), (b, 9)]
+    assert [(q, n) for q, n in pairs(batch)] == [(a, 1), (b, 9)]
     advance(s, batch)
     batch = s.schedule(0)
-    assert [(q, n) for q, n in batch.chunks] == [(a, 1), (b, 9)]
+    assert [(q, n) for q, n in pairs(batch)] == [(a, 1), (b, 9)]
     advance(s, batch)
-    assert [(q, n) for q, n in s.schedule(0).chunks] == [(a, 1), (b, 2)]
+    assert [(q, n) for q, n in pairs(s.schedule(0))] == [(a, 1), (b, 2)]
 
 
 def test_max_num_seqs_bounds_the_running_set():
@@ -55,9 +62,9 @@ def test_max_num_seqs_bounds_the_running_set():
     for q in seqs:
         s.add(q, 0)
     batch = s.schedule(0)
-    assert [q for q, _ in batch.chunks] == seqs[:2] and s.waiting == [seqs[2]]
+    assert [q for q, _ in pairs(batch)] == seqs[:2] and s.waiting == [seqs[2]]
     s.remove(seqs[0])
-    assert [q for q, _ in s.schedule(0).chunks] == [seqs[1], seqs[2]]
+    assert [q for q, _ in pairs(s.schedule(0))] == [seqs[1], seqs[2]]
 
 
 def test_higher_priority_is_admitted_first_and_preempts_lower_ones():
@@ -68,7 +75,7 @@ def test_higher_priority_is_admitted_first_and_preempts_lower_ones():
     high = Seq(2, priority=5)
     s.add(high, 0)
     batch = s.schedule(0)
-    assert [q for q, _ in batch.chunks] == [high] and batch.preempted == [low]
+    assert [q for q, _ in pairs(batch)] == [high] and s.num_preemptions == 1
     assert low.num_computed == 0 and s.blocks.block_table(low.seq_id) == []
     assert s.waiting == [low]
     # an equal priority does not preempt: it waits its turn
@@ -77,7 +84,7 @@ def test_higher_priority_is_admitted_first_and_preempts_lower_ones():
     s2.add(first, 0)
     advance(s2, s2.schedule(0))
     s2.add(second, 0)
-    assert [q for q, _ in s2.schedule(0).chunks] == [first]
+    assert [q for q, _ in pairs(s2.schedule(0))] == [first]
 
 
 def test_running_out_of_blocks_preempts_the_last_in_order_and_it_is_recomputed():
@@ -88,13 +95,13 @@ def test_running_out_of_blocks_preempts_the_last_in_order_and_it_is_recomputed()
     advance(s, s.schedule(0))  # 2 blocks each
     advance(s, s.schedule(0))  # both have 8 tokens computed: the next one needs a third block
     batch = s.schedule(0)
-    assert batch.preempted == [b] and [q for q, _ in batch.chunks] == [a]
-    assert s.num_preemptions == 1
+    assert [q for q, _ in pairs(batch)] == [a] and s.waiting == [b]
+    assert s.num_preemptions == 1 and b.num_computed == 0
     while len(a.token_ids) < 14:
         advance(s, s.schedule(0))
     s.remove(a)
     batch = s.schedule(0)  # b comes back and recomputes its prompt and its output so far
-    assert batch.chunks == [(b, len(b.token_ids))]
+    assert pairs(batch) == [(b, len(b.token_ids))]
 
 
 def test_a_lone_sequence_that_outgrows_the_cache_preempts_itself_without_looping():
@@ -103,7 +110,7 @@ def test_a_lone_sequence_that_outgrows_the_cache_preempts_itself_without_looping
     s.add(a, 0)
     advance(s, s.schedule(0))
     batch = s.schedule(0)  # a needs a third block
-    assert batch.chunks == [] and batch.preempted == [a]
+    assert batch.chunks == [] and s.waiting == [a] and s.num_preemptions == 1
 
 
 def test_a_partial_batch_waits_for_more_requests_up_to_max_wait():
@@ -112,9 +119,9 @@ def test_a_partial_batch_waits_for_more_requests_up_to_max_wait():
     s.add(a, 10.0)
     batch = s.schedule(10.01)
     assert batch.chunks == [] and batch.wait_s == pytest.approx(0.04)
-    assert [q for q, _ in s.schedule(10.06).chunks] == [a]
+    assert [q for q, _ in pairs(s.schedule(10.06))] == [a]
     full = make(max_num_seqs=2, wait=0.05)
     pair = [Seq(2), Seq(2)]
     for q in pair:
         full.add(q, 10.0)
-    assert [q for q, _ in full.schedule(10.0).chunks] == pair  # a full batch does not wait
+    assert [q for q, _ in pairs(full.schedule(10.0))] == pair  # a full batch does not wait

@@ -3,14 +3,16 @@ not degenerate, quantization really happened, and edgeinfer's loader agrees on t
 
 from __future__ import annotations
 
+import sys
+
 import gguf
 import llama_cpp
 import numpy as np
 import pytest
 import synthetic
 
-from edgeinfer.gguf.reader import read_gguf
 from edgeinfer.gguf.model_config import ModelConfig
+from edgeinfer.gguf.reader import read_gguf
 
 # The type llama.cpp gives blk.0.ffn_up.weight for each ftype (mixes like Q4_K_M raise some
 # other tensors to higher-bit types).
@@ -102,4 +104,22 @@ def test_cache_is_reused(synthetic_model):
     a = synthetic_model("qwen2", "Q4_0")
     mtime = a.stat().st_mtime_ns
     assert synthetic_model("qwen2", "Q4_0") == a and a.stat().st_mtime_ns == mtime
-    assert a.parent.name == synthetic.generator_key()
+    assert a.parent.name == synthetic.generator_key(quantized=True)
+
+
+def test_f32_models_are_written_without_llama_cpp(tmp_path, monkeypatch):
+    def version(name):
+        if name == "llama-cpp-python":
+            raise AssertionError("the F32 writer asked for llama-cpp-python")
+        return real_version(name)
+
+    real_version = synthetic.version
+    monkeypatch.setattr(synthetic, "version", version)
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # importing it now fails
+    synthetic.generator_key.cache_clear()
+    try:
+        path = synthetic.model_path("qwen3", "F32", cache_root=tmp_path)
+        with read_gguf(path) as g:
+            assert ModelConfig.from_gguf(g).arch == "qwen3"
+    finally:
+        synthetic.generator_key.cache_clear()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_tokenizer import VOCABS, oracle, ours, vocab_path
+from tokenizer_oracle import VOCABS, oracle, ours, vocab_path
 
 REAL_MODELS = ("smollm2-135m-instruct", "gemma3-270m")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import llama_cpp
 import pytest
-from test_tokenizer import VOCABS, oracle, ours, reference_cases
+from tokenizer_oracle import VOCABS, oracle, ours, reference_cases
 
 REAL_MODELS = ("smollm2-135m-instruct", "gemma3-270m")
 CHAT_PROMPTS = {

@@ -23,9 +23,9 @@ import pytest
 from textual.widgets import Input, Markdown
 
 from edgeinfer.cli import chat as cmd_chat
+from edgeinfer.engine.sampling import SamplingParams
 from edgeinfer.errors import EdgeInferError, ModelNotFoundError
 from edgeinfer.llm import LLM
-from edgeinfer.engine.sampling import SamplingParams
 from edgeinfer.tui import session as sessions
 from edgeinfer.tui.app import ChatApp, ChatOptions
 from edgeinfer.tui.loading import LoadingScreen

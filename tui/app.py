@@ -11,9 +11,9 @@ from time import perf_counter
 from textual.app import App
 from textual.binding import Binding
 
+from edgeinfer.engine.sampling import SamplingParams
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.gguf.hub import DEFAULT_MODEL
-from edgeinfer.engine.sampling import SamplingParams
 
 from . import session as sessions
 from .chat_screen import ChatScreen

@@ -16,8 +16,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgeinfer.errors import EdgeInferError
 from edgeinfer.engine.sampling import SamplingParams
+from edgeinfer.errors import EdgeInferError
 
 # A chat reply with no cap could run until a 4k context fills; Esc stops one earlier.
 DEFAULT_MAX_TOKENS = 1024

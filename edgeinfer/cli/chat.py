@@ -15,7 +15,7 @@ from edgeinfer.cli.options import (
     Threads,
     TopK,
     TopP,
-    check_counts,
+    max_tokens_limit,
 )
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.gguf.hub import DEFAULT_MODEL
@@ -39,11 +39,13 @@ def chat(
     seed: Seed = None,
 ) -> None:
     """Chat with a model in the terminal: streaming replies, live tok/s, /help for commands."""
+    from edgeinfer.config import EngineConfig
     from edgeinfer.engine.sampling import SamplingParams
     from edgeinfer.tui.app import ChatApp, ChatOptions
     from edgeinfer.tui.session import DEFAULT_MAX_TOKENS
 
-    limit = check_counts(DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens, threads, ctx)
+    limit = max_tokens_limit(DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
+    EngineConfig(threads=threads, ctx=ctx, parallel=1)  # bad counts fail before the screen opens
     params = SamplingParams(
         temperature=temp,
         top_k=top_k,
@@ -65,8 +67,8 @@ def _check_model(model: str) -> None:
     A short name not pulled yet is pulled (and checked) in the app, behind the loading screen.
     """
     from edgeinfer.gguf import hub
-    from edgeinfer.gguf.reader import read_gguf
     from edgeinfer.gguf.model_config import ModelConfig
+    from edgeinfer.gguf.reader import read_gguf
 
     if model in hub.MODELS and not hub.model_path(model).is_file():
         return

@@ -11,15 +11,14 @@ from typing import Annotated
 import typer
 
 from edgeinfer.engine import memory_plan
-from edgeinfer.gguf.reader import GGUFFile, read_gguf
+from edgeinfer.engine.kv_cache import KV_DTYPES
 from edgeinfer.gguf.hub import MODELS, resolve_model
 from edgeinfer.gguf.model_config import ModelConfig
+from edgeinfer.gguf.reader import GGUFFile, read_gguf
 from edgeinfer.units import human_bytes, human_count
 
-
-class KVDtype(str, Enum):
-    f16 = "f16"
-    f32 = "f32"
+# typer's choices for --kv-dtype
+KVDtype = Enum("KVDtype", {name: name for name in KV_DTYPES}, type=str)
 
 
 def type_histogram(g: GGUFFile) -> dict[str, dict[str, int]]:
@@ -172,7 +171,7 @@ def info(
         ),
     ] = None,
     parallel: Annotated[int, typer.Option(min=1, help="concurrent sequences")] = 1,
-    kv_dtype: Annotated[KVDtype, typer.Option(help="KV cache element type")] = KVDtype.f16,
+    kv_dtype: Annotated[KVDtype, typer.Option(help="KV cache element type")] = KVDtype["f16"],
 ) -> None:
     """Show a model's metadata, tensor types and memory plan."""
     data = gather(resolve_model(model), ctx, parallel, kv_dtype.value)

@@ -38,14 +38,8 @@ def kv_budget_bytes(text: str | None) -> int | None:
         raise EdgeInferError(f"--kv-budget: {e}") from None
 
 
-def check_counts(
-    max_tokens: int, threads: int | None, ctx: int | None, parallel: int = 1
-) -> int | None:
-    """Validate the count flags before anything loads -> max_tokens as SamplingParams wants it
-    (-1, "no limit", becomes None)."""
+def max_tokens_limit(max_tokens: int) -> int | None:
+    """-n/--max-tokens as SamplingParams wants it: -1, "no limit", becomes None."""
     if max_tokens == 0 or max_tokens < -1:
         raise EdgeInferError(f"-n/--max-tokens must be >= 1 or -1 (got {max_tokens})")
-    for flag, value in (("--threads", threads), ("--ctx", ctx), ("--parallel", parallel)):
-        if value is not None and value < 1:
-            raise EdgeInferError(f"{flag} must be >= 1 (got {value})")
     return None if max_tokens == -1 else max_tokens

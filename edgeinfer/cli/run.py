@@ -19,8 +19,8 @@ from edgeinfer.cli.options import (
     Threads,
     TopK,
     TopP,
-    check_counts,
     kv_budget_bytes,
+    max_tokens_limit,
 )
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.gguf.hub import DEFAULT_MODEL
@@ -58,13 +58,16 @@ def run(
     ] = False,
 ) -> None:
     """Complete a prompt: tokens stream to stdout, then a stats line goes to stderr."""
-    from edgeinfer.llm import LLM
+    from edgeinfer.config import EngineConfig
     from edgeinfer.engine.sampling import SamplingParams
+    from edgeinfer.llm import LLM
 
     if prompt is None:
         raise EdgeInferError("no prompt: pass one with -p/--prompt")
-    limit = check_counts(max_tokens, threads, ctx, parallel)
-    budget = kv_budget_bytes(kv_budget)
+    limit = max_tokens_limit(max_tokens)
+    config = EngineConfig(
+        threads=threads, ctx=ctx, parallel=parallel, kv_budget=kv_budget_bytes(kv_budget)
+    )
     params = SamplingParams(
         temperature=temp,
         top_k=top_k,
@@ -76,7 +79,7 @@ def run(
         max_tokens=limit,
         ignore_eos=ignore_eos,
     )
-    llm = LLM(model, threads=threads, ctx=ctx, parallel=parallel, kv_budget=budget)
+    llm = LLM(model, config)
     if chat and llm.chat_template is None:
         print("note: the model has no chat template; running a plain completion", file=sys.stderr)
     if chat:

@@ -13,24 +13,17 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from time import perf_counter
 
-from edgeinfer.errors import EdgeInferError
-from edgeinfer.engine.memory_plan import PREFILL_CHUNK
-from edgeinfer.engine.scheduler import Scheduler
+import numpy as np
+
+from edgeinfer.config import EngineConfig
+from edgeinfer.engine.block_manager import BlockManager
+from edgeinfer.engine.kv_cache import BLOCK_SIZE
+from edgeinfer.engine.requests import PromptError, Requests, check_token_ids
+from edgeinfer.engine.scheduler import ScheduledBatch, Scheduler
 from edgeinfer.engine.sequence import Sequence
 
-# Every token of a step takes the row-wise kernels (kernels.matmul), which keeps each sequence's
-# arithmetic the same whoever it shares a step with; for prompts they are also faster than BLAS
-# on 2-core AVX2 machines (a 512-token step of four prompts: 1.0 s, against 1.4 s with one BLAS
-# call per weight; ad-hoc). Steps of decode tokens only may instead take the fastest kernel for
-# their size unless `batch_invariant` is set: at a few sequences a 4- or 5-bit unit's int8
-# kernel is faster than its row-tile kernel (about 2x at one), but rounds differently, so a
-# batch then decodes slightly differently from a request alone.
 # Output tokens per second are averaged over this many seconds.
 RATE_WINDOW_S = 3.0
-
-
-class RequestTooLargeError(EdgeInferError):
-    """A request that could not fit in the KV cache even running alone."""
 
 
 @dataclass(frozen=True)
@@ -56,31 +49,16 @@ class EngineStats:
 
 
 class Engine:
-    def __init__(
-        self,
-        runner,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int = PREFILL_CHUNK,
-        max_wait_ms: float = 0.0,
-        batch_invariant: bool = False,
-    ):
-        # a step must fit the working memory the runner planned (and checked against RAM)
-        if max_num_batched_tokens > runner.step_tokens:
-            raise EdgeInferError(
-                f"max_num_batched_tokens must be at most {runner.step_tokens} (the runner's "
-                f"planned step), got {max_num_batched_tokens}"
-            )
-        if min(max_num_seqs, max_num_batched_tokens) > runner.step_logit_rows:
-            raise EdgeInferError(
-                f"max_num_seqs must be at most {runner.step_logit_rows} (the logits the "
-                f"runner's planned step holds), got {max_num_seqs}"
-            )
+    """Continuous batching over `runner` (a ModelRunner), with the knobs of `config`."""
+
+    def __init__(self, runner, config: EngineConfig):
         self.runner = runner
-        self.batch_invariant = batch_invariant
-        self.blocks = runner.kv.blocks
+        self.config = config
         self.scheduler = Scheduler(
-            self.blocks, max_num_seqs, max_num_batched_tokens, max_wait_ms / 1000
+            BlockManager(runner.num_blocks, BLOCK_SIZE, config.prefix_caching), config
         )
+        self.blocks = self.scheduler.blocks  # read-only here: the scheduler owns it
+        self.requests = Requests(runner, runner.num_blocks * BLOCK_SIZE)
         self.generated_tokens = 0
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps
         self.wait_s = 0.0  # after a step that ran nothing: how long to wait for more requests
@@ -90,7 +68,7 @@ class Engine:
         return self.scheduler.num_unfinished > 0
 
     def add(self, seq: Sequence) -> None:
-        self.check(seq)
+        """Queue a request made by `self.requests` (checked there, so trusted here)."""
         self.scheduler.add(seq, perf_counter())
 
     def abort(self, seq: Sequence) -> None:
@@ -99,21 +77,6 @@ class Engine:
         if not seq.finished:
             seq.finish_reason = "abort"
         self.scheduler.remove(seq)
-
-    def check(self, seq: Sequence) -> None:
-        """Refuse a request that the KV cache could not hold even alone (it would be preempted
-        forever)."""
-        longest = min(
-            seq.max_context,
-            seq.num_prompt_tokens + (seq.params.max_tokens or seq.max_context),
-        )
-        capacity = self.blocks.num_blocks * self.blocks.block_size
-        if longest > capacity:
-            raise RequestTooLargeError(
-                f"the request can grow to {longest} tokens (prompt {seq.num_prompt_tokens} + "
-                f"max_tokens) but the KV cache holds {capacity} tokens in all; lower max_tokens "
-                "or raise --kv-budget / --parallel"
-            )
 
     def step(self) -> list[tuple[Sequence, str]]:
         """Run one step -> (sequence, new text) for every sequence that got a token or ended
@@ -124,31 +87,58 @@ class Engine:
         self.wait_s = batch.wait_s
         if not batch.chunks:
             return outputs
-        work = []
-        decode_only = True
-        for seq, n in batch.chunks:
+        logits = self.runner.execute(batch.chunks, self._row_wise(batch))
+        return outputs + self._postprocess(batch, logits, now)
+
+    def _row_wise(self, batch: ScheduledBatch) -> bool:
+        """Prompt chunks always take the row-wise kernels; a step of decode tokens only takes
+        the fastest kernels for its size unless the config asks for batch invariance."""
+        if self.config.batch_invariant:
+            return True
+        return not all(
+            len(c.token_ids) == 1 and c.start >= c.seq.num_prompt_tokens for c in batch.chunks
+        )
+
+    def _postprocess(self, batch: ScheduledBatch, logits, now: float) -> list:
+        for chunk in batch.chunks:
+            seq = chunk.seq
             if seq.t_scheduled is None:
                 seq.t_scheduled = now
-                seq.num_cached_tokens = seq.num_computed
-            start = seq.num_computed
-            decode_only &= n == 1 and start >= seq.num_prompt_tokens
-            ends_prompt = start + n == len(seq.token_ids)
-            work.append((seq.seq_id, seq.token_ids[start : start + n], ends_prompt))
-        logits = self.runner.execute(work, by_size=decode_only and not self.batch_invariant)
-        sampled = 0
-        for (seq, n), row in zip(batch.chunks, logits, strict=True):
-            seq.num_computed += n
-            self.blocks.commit(seq.seq_id, seq.token_ids)
+                seq.num_cached_tokens = chunk.start
+        self.scheduler.commit(batch)
+        outputs = []
+        for chunk, row in zip(batch.chunks, logits, strict=True):
             if row is None:
                 continue
-            delta = seq.append(seq.sample(row))
-            sampled += 1
+            seq = chunk.seq
+            outputs.append((seq, seq.append(seq.sample(row))))
             if seq.finished:
                 self.scheduler.remove(seq)
-            outputs.append((seq, delta))
-        self.generated_tokens += sampled
-        self._recent.append((perf_counter(), sampled))
+        self.generated_tokens += len(outputs)
+        self._recent.append((perf_counter(), len(outputs)))
         return outputs
+
+    def forward(self, seq_id: int, token_ids) -> np.ndarray:
+        """Evaluation outside the queue: append token_ids to sequence seq_id's cache ->
+        float32[n, vocab], the logits after each of them (chunks of max_num_batched_tokens, the
+        fastest kernels for their size). `release(seq_id)` frees its blocks. Bad ids or a
+        sequence past the context raise PromptError and change nothing."""
+        have = self.scheduler.seq_len(seq_id)
+        ids = check_token_ids(token_ids, self.runner.config.vocab_size)
+        ctx = self.runner.max_context
+        if have + len(ids) > ctx:
+            raise PromptError(
+                f"sequence {seq_id}: {have} + {len(ids)} tokens exceed the context length {ctx}"
+            )
+        step = self.config.max_num_batched_tokens
+        rows = []
+        for i in range(0, len(ids), step):
+            chunk = self.scheduler.extend(seq_id, ids[i : i + step], have + i)
+            rows += self.runner.execute([chunk], row_wise=False, all_logits=True)
+        return rows[0] if len(rows) == 1 else np.concatenate(rows)
+
+    def release(self, seq_id: int) -> None:
+        self.scheduler.release(seq_id)
 
     def _reap_aborted(self) -> list[tuple[Sequence, str]]:
         s = self.scheduler

@@ -1,4 +1,5 @@
-"""The paged KV cache: per-layer pools of fixed-size blocks, plus the block bookkeeping.
+"""The paged KV cache: per-layer pools of fixed-size blocks (the scheduler's BlockManager says
+which sequence owns which block; this module only holds the arrays).
 
 k[layer]: [num_blocks, n_kv_heads, head_dim, block_size] (keys as columns),
 v[layer]: [num_blocks, n_kv_heads, block_size, v_head_dim] — see kernels.attention.
@@ -11,11 +12,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from edgeinfer.engine.block_manager import BlockManager
+from edgeinfer.config import ConfigError
 from edgeinfer.gguf.model_config import ModelConfig
 
 BLOCK_SIZE = 16
 KV_DTYPES = {"f16": np.uint16, "f32": np.float32}
+
+
+def check_kv_dtype(name: str) -> str:
+    if name not in KV_DTYPES:
+        raise ConfigError(f"kv dtype must be one of {', '.join(KV_DTYPES)}, not {name!r}")
+    return name
 
 
 class KVCache:
@@ -28,11 +35,8 @@ class KVCache:
         num_blocks: int,
         block_size: int = BLOCK_SIZE,
         dtype: str = "f16",
-        prefix_caching: bool = True,
     ):
-        if dtype not in KV_DTYPES:
-            raise ValueError(f"kv dtype must be one of {', '.join(KV_DTYPES)}, got {dtype!r}")
-        self.dtype = dtype
+        self.dtype = check_kv_dtype(dtype)
         self.block_size = block_size
         self.num_blocks = num_blocks
         storage = KV_DTYPES[dtype]
@@ -41,12 +45,9 @@ class KVCache:
         # Per-layer views built once: the forward pass indexes lists, not 5-D arrays.
         self.k = list(self.k_pool)
         self.v = list(self.v_pool)
-        self.blocks = BlockManager(num_blocks, block_size, prefix_caching)
 
     @classmethod
-    def for_model(
-        cls, config: ModelConfig, num_blocks: int, dtype: str = "f16", prefix_caching: bool = True
-    ) -> KVCache:
+    def for_model(cls, config: ModelConfig, num_blocks: int, dtype: str = "f16") -> KVCache:
         return cls(
             config.n_layers,
             config.n_kv_heads,
@@ -55,17 +56,8 @@ class KVCache:
             num_blocks,
             BLOCK_SIZE,
             dtype,
-            prefix_caching,
         )
 
     @property
     def nbytes(self) -> int:
         return self.k_pool.nbytes + self.v_pool.nbytes
-
-    def block_tables(self, seq_ids: list[int]) -> np.ndarray:
-        """-> int32[len(seq_ids), max blocks] (rows padded with 0; padding is never read)."""
-        tables = [self.blocks.block_table(s) for s in seq_ids]
-        out = np.zeros((len(tables), max(1, max(len(t) for t in tables))), np.int32)
-        for row, t in zip(out, tables, strict=True):
-            row[: len(t)] = t
-        return out

@@ -26,16 +26,11 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import psutil
 
-from edgeinfer.gguf.reader import GGUFFile
-from edgeinfer.engine.kv_cache import BLOCK_SIZE, KV_DTYPES
+from edgeinfer.config import DEFAULT_CTX, PREFILL_CHUNK
+from edgeinfer.engine.kv_cache import BLOCK_SIZE, KV_DTYPES, check_kv_dtype
 from edgeinfer.gguf.model_config import ModelConfig
+from edgeinfer.gguf.reader import GGUFFile
 
-# Longest run of tokens one forward call processes; longer prompts go in chunks, which bounds
-# activation memory (the chunk's K/V are in the cache before the next chunk attends to them).
-PREFILL_CHUNK = 512
-# The context the runtime uses when none is given (the model's, capped: 32k-token KV caches
-# surprise people).
-DEFAULT_CTX = 4096
 ACTIVATION_FORMULA = (
     f"min({PREFILL_CHUNK}, ctx) x (2*n_embd + q_dim + k_dim + v_dim + attn_out_dim + 2*n_ff)"
     " x 4 B + parallel x vocab x 4 B (logits)"
@@ -153,8 +148,7 @@ def plan(
 ) -> MemoryPlan:
     """The memory plan for `parallel` sequences of `ctx` tokens (default: the model's context
     length, at most DEFAULT_CTX); available_bytes defaults to the RAM available now."""
-    if kv_dtype not in KV_DTYPES:
-        raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
+    check_kv_dtype(kv_dtype)
     ctx = min(cfg.ctx_len, DEFAULT_CTX) if ctx is None else ctx
     if ctx < 1 or parallel < 1:
         raise ValueError("ctx and parallel must be at least 1")

@@ -10,6 +10,15 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability and the most likely alternatives at its position."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # (token id, logprob), most likely first
+
+
+@dataclass(frozen=True)
 class Metrics:
     """Per-request timings (seconds, wall clock), as Ollama's --verbose reports them.
 
@@ -68,6 +77,7 @@ class Completion:
     # 'stop' (EOS, stop token or stop string) | 'length' (max_tokens, context) | 'abort' (cancelled)
     finish_reason: str
     metrics: Metrics
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when params.logprobs is set
 
     @classmethod
     def from_sequence(cls, seq: Sequence) -> Completion:
@@ -78,6 +88,7 @@ class Completion:
             token_ids=seq.output_token_ids,
             finish_reason=seq.finish_reason,
             metrics=Metrics.from_sequence(seq),
+            logprobs=seq.logprobs,
         )
 
     def as_dict(self) -> dict:

@@ -10,7 +10,7 @@ whichever executor produced the logits.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +18,7 @@ import numpy as np
 from edgeinfer.errors import EdgeInferError
 
 _TOP_P_TRIES = (256, 16384, 1 << 62)
+MAX_LOGPROBS = 20  # OpenAI's limit on top_logprobs
 _DRAW_BLOCK = 1024
 
 
@@ -44,6 +45,10 @@ class SamplingParams:
     reproducible. stop: strings that end generation (excluded from the text). stop_token_ids:
     extra ids that end generation like EOS. max_tokens: None = until EOS, a stop, or the context
     is full. ignore_eos: keep going past the model's end-of-generation tokens.
+    logprobs: None = off; k in 0..20 reports each generated token's log-probability and the k
+    most likely tokens, from the log-softmax of the model's raw logits (before any processor or
+    penalty, as OpenAI and vLLM report them). logits_processors: vLLM's hook, each called as
+    fn(output_token_ids, logits[vocab]) -> logits before the penalties (logit bias, grammars).
     """
 
     temperature: float = 0.8
@@ -59,6 +64,8 @@ class SamplingParams:
     stop_token_ids: Sequence[int] | None = None
     max_tokens: int | None = None
     ignore_eos: bool = False
+    logprobs: int | None = None
+    logits_processors: tuple[Callable[[list[int], np.ndarray], np.ndarray], ...] = ()
 
     def __post_init__(self):
         def bad(name, rule):
@@ -93,6 +100,14 @@ class SamplingParams:
             bad("max_tokens", "None or an integer >= 1")
         if not isinstance(self.ignore_eos, bool):
             bad("ignore_eos", "a bool")
+        if self.logprobs is not None and (
+            not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS
+        ):
+            bad("logprobs", f"None or an integer in [0, {MAX_LOGPROBS}]")
+        processors = tuple(self.logits_processors)
+        if not all(callable(f) for f in processors):
+            bad("logits_processors", "a list of callables")
+        object.__setattr__(self, "logits_processors", processors)
 
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         if not all(isinstance(s, str) and s for s in stop):
@@ -208,13 +223,30 @@ class Sampler:
         self.params = params
         self.rng = np.random.default_rng(params.seed)
 
-    def __call__(self, logits: np.ndarray, history: Sequence[int]) -> int:
-        """# logits: [vocab] float32, history: prompt + output ids so far -> next token id"""
+    def __call__(self, logits: np.ndarray, history: Sequence[int], num_prompt: int = 0) -> int:
+        """# logits: [vocab] float32, history: prompt + output ids so far (the first
+        num_prompt of them the prompt) -> next token id"""
         p = self.params
-        logits = apply_penalties(np.asarray(logits, dtype=np.float32), history, p)
+        logits = np.asarray(logits, dtype=np.float32)
+        if p.logits_processors:
+            output = list(history[num_prompt:])
+            logits = logits.copy()  # processors may write in place: the caller's row stays
+            for process in p.logits_processors:
+                logits = np.asarray(process(output, logits), dtype=np.float32)
+        logits = apply_penalties(logits, history, p)
         if p.greedy:
             return int(np.argmax(logits))
         ids = candidates(logits, p)
         vals = logits[ids]
         w = np.exp((vals - vals.max()) / np.float32(p.temperature))
         return int(ids[draw(w, self.rng.random())])
+
+
+def top_logprobs(logits: np.ndarray, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+    """# logits: [vocab] float32 -> (log p(token), the k most likely (id, log p), best first),
+    from a float64 log-softmax."""
+    x = logits.astype(np.float64)
+    x -= x.max()
+    lp = x - math.log(np.exp(x).sum())
+    best = _sorted_best(lp, k) if k else np.empty(0, np.int64)
+    return float(lp[token]), [(int(i), float(lp[i])) for i in best]

@@ -1,6 +1,8 @@
 """Continuous batching: which sequences run in the next step, and how many tokens each.
 
-Plain Python on plain numbers (no numpy): the engine hands the decision to the runner.
+Plain Python on plain numbers (no numpy): the engine hands the decision to the runner. The
+scheduler is the one owner of the BlockManager: it allocates blocks at admission, hands out the
+cache slots of every scheduled token, commits computed blocks to the prefix cache, and frees.
 A sequence here is anything with `seq_id`, `token_ids` (prompt + output so far), `priority`,
 `arrival` (a counter: lower came first) and `num_computed` (leading tokens whose K/V are in the
 cache); a step computes `remaining = len(token_ids) - num_computed` more of them, all at once
@@ -22,8 +24,12 @@ sequence in order can always run and preemption always makes progress.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from edgeinfer.engine.block_manager import BlockManager
+
+if TYPE_CHECKING:
+    from edgeinfer.config import EngineConfig
 
 
 def rank(seq) -> tuple[int, int]:
@@ -31,33 +37,33 @@ def rank(seq) -> tuple[int, int]:
 
 
 @dataclass
+class Chunk:
+    """Tokens of one sequence computed in one step, with everything the runner needs."""
+
+    seq: object  # the Sequence (None for an evaluation pass, Engine.forward)
+    token_ids: list[int]
+    start: int  # position of token_ids[0]
+    slots: list[int] = field(default_factory=list)  # cache slot of each token
+    block_table: list[int] = field(default_factory=list)  # the sequence's blocks after the step
+    wants_logits: bool = False  # the chunk ends the known tokens: sample after it
+
+
+@dataclass
 class ScheduledBatch:
-    chunks: list[tuple[object, int]] = field(default_factory=list)  # (sequence, tokens to run)
-    preempted: list = field(default_factory=list)
+    chunks: list[Chunk] = field(default_factory=list)
     wait_s: float = 0.0  # nothing scheduled: how long to wait for more requests
 
     @property
     def num_tokens(self) -> int:
-        return sum(n for _, n in self.chunks)
+        return sum(len(c.token_ids) for c in self.chunks)
 
 
 class Scheduler:
-    def __init__(
-        self,
-        blocks: BlockManager,
-        max_num_seqs: int,
-        max_num_batched_tokens: int,
-        max_wait_s: float = 0.0,
-    ):
-        if max_num_seqs < 1 or max_num_batched_tokens < 1 or max_wait_s < 0:
-            raise ValueError(
-                "need max_num_seqs >= 1, max_num_batched_tokens >= 1 and max_wait_s >= 0, got "
-                f"{max_num_seqs}, {max_num_batched_tokens}, {max_wait_s}"
-            )
+    def __init__(self, blocks: BlockManager, config: EngineConfig):
         self.blocks = blocks
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.max_wait_s = max_wait_s
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_wait_s = config.max_wait_ms / 1000
         self.waiting: list = []  # in rank order
         self.running: list = []
         self.arrived_at: dict[int, float] = {}  # seq_id -> when it started waiting
@@ -83,6 +89,7 @@ class Scheduler:
         self.blocks.free(seq.seq_id)
 
     def schedule(self, now: float) -> ScheduledBatch:
+        """Choose the step's chunks and hand out their cache slots."""
         batch = ScheduledBatch()
         self._promised.clear()
         if not self.running and self.waiting:
@@ -99,7 +106,7 @@ class Scheduler:
                 continue
             n = min(len(seq.token_ids) - seq.num_computed, budget)
             if self._make_room(seq, n, batch, now):
-                batch.chunks.append((seq, n))
+                batch.chunks.append(_chunk(seq, n))
         while self.waiting and batch.num_tokens < self.max_num_batched_tokens:
             seq = self.waiting[0]
             if not self._admit(seq, batch, now):
@@ -109,8 +116,32 @@ class Scheduler:
             self.running.append(seq)
             seq.num_computed = self.blocks.allocate(seq.seq_id, seq.token_ids)
             budget = self.max_num_batched_tokens - batch.num_tokens
-            batch.chunks.append((seq, min(len(seq.token_ids) - seq.num_computed, budget)))
+            batch.chunks.append(_chunk(seq, min(len(seq.token_ids) - seq.num_computed, budget)))
+        for chunk in batch.chunks:  # room was made for each: appending cannot fail
+            seq_id = chunk.seq.seq_id
+            chunk.slots = self.blocks.append(seq_id, len(chunk.token_ids))
+            chunk.block_table = self.blocks.block_table(seq_id)
         return batch
+
+    def commit(self, batch: ScheduledBatch) -> None:
+        """After the step ran: its tokens' K/V are in the cache (full blocks become reusable)."""
+        for chunk in batch.chunks:
+            seq = chunk.seq
+            seq.num_computed += len(chunk.token_ids)
+            self.blocks.commit(seq.seq_id, seq.token_ids)
+
+    def extend(self, seq_id: int, token_ids: list[int], start: int) -> Chunk:
+        """Slots for an evaluation pass outside the queue (Engine.forward); KVCacheFullError
+        and nothing changed if the free blocks do not suffice."""
+        slots = self.blocks.append(seq_id, len(token_ids))
+        return Chunk(None, token_ids, start, slots, self.blocks.block_table(seq_id), True)
+
+    def seq_len(self, seq_id: int) -> int:
+        return self.blocks.seq_len(seq_id)
+
+    def release(self, seq_id: int) -> None:
+        """Free an evaluation pass's blocks."""
+        self.blocks.free(seq_id)
 
     def _make_room(self, seq, n: int, batch: ScheduledBatch, now: float) -> bool:
         """Preempt from the back of the order until seq can grow by n; False if seq itself
@@ -159,8 +190,7 @@ class Scheduler:
         self._promised.pop(seq.seq_id, None)
         self.blocks.free(seq.seq_id)
         seq.num_computed = 0
-        batch.chunks = [(s, n) for s, n in batch.chunks if s is not seq]
-        batch.preempted.append(seq)
+        batch.chunks = [c for c in batch.chunks if c.seq is not seq]
         self.num_preemptions += 1
         self._enqueue(seq, now)
 
@@ -169,3 +199,10 @@ class Scheduler:
         i = next((i for i, s in enumerate(self.waiting) if rank(s) > key), len(self.waiting))
         self.waiting.insert(i, seq)
         self.arrived_at[seq.seq_id] = now
+
+
+def _chunk(seq, n: int) -> Chunk:
+    start = seq.num_computed
+    return Chunk(
+        seq, seq.token_ids[start : start + n], start, wants_logits=start + n == len(seq.token_ids)
+    )

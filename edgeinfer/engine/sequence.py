@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence as Seq
 from time import perf_counter
 
-from edgeinfer.engine.sampling import Sampler, SamplingParams
+from edgeinfer.engine.outputs import TokenLogprob
+from edgeinfer.engine.sampling import Sampler, SamplingParams, top_logprobs
 from edgeinfer.engine.stop import StopStrings
 
 
@@ -42,6 +43,8 @@ class Sequence:
         # Set by another thread (Stream.cancel) and read by the loop before each forward step;
         # a bool assignment is atomic, so no lock is needed.
         self.aborted = False
+        # per output token, when params.logprobs is set
+        self.logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
         self._sampler = Sampler(params)
         self._decoder = tokenizer.stream_decoder()
         self._stop = StopStrings(params.stop)
@@ -75,7 +78,11 @@ class Sequence:
 
     def sample(self, logits) -> int:
         """# logits: [vocab] float32 for the position after the last token -> next token id"""
-        return self._sampler(logits, self.token_ids)
+        token = self._sampler(logits, self.token_ids, self.num_prompt_tokens)
+        if self.logprobs is not None:
+            logprob, top = top_logprobs(logits, token, self.params.logprobs)
+            self.logprobs.append(TokenLogprob(token, logprob, top))
+        return token
 
     def append(self, token: int) -> str:
         """Add a generated token; return the text that became safe to show (may be empty)."""

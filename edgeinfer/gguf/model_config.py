@@ -15,10 +15,12 @@ from gguf import GGUFValueType
 
 from edgeinfer.errors import GGUFError
 from edgeinfer.gguf.reader import INTEGER_VALUE_TYPES, GGUFFile
+from edgeinfer.models import ARCHITECTURES
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+SUPPORTED_ARCHS = tuple(ARCHITECTURES)  # one model file each
 SUPPORTED_TOKENIZERS = ("llama", "gpt2")  # SentencePiece, byte-level BPE
-ROPE_SCALING_TYPES = ("none", "linear", "yarn", "longrope")
+# RoPE scalings the models implement; llama.cpp's others (yarn, longrope) are refused here.
+ROPE_SCALING_TYPES = ("none", "linear")
 # gemma3: llama.cpp's defaults when the file has no sliding_window_pattern / freq_base_swa.
 GEMMA3_SLIDING_PATTERN = 6
 GEMMA3_ROPE_BASE_LOCAL = 10000.0
@@ -55,7 +57,6 @@ class ModelConfig:
     rope_base_local: float | None  # gemma3 local layers' rope base
     sliding_pattern: int | None  # gemma3: every n-th layer is global, the others slide
     tied_output: bool  # no output.weight: the head reuses token_embd
-    attn_logit_softcap: float | None
     final_logit_softcap: float | None
     attn_scale: float  # multiplies q·k before softmax
     n_params: int  # sum of tensor elements
@@ -181,8 +182,6 @@ def _hyperparameters(meta: _Meta, arch: str, n_tensors: int) -> dict[str, Any]:
         rope_dim=rope_dim,
         rope_scaling=_rope_scaling(meta, arch, ctx_len),
         attn_scale=1.0 / math.sqrt(head_dim),
-        # None of the supported architectures caps attention logits (llama.cpp ignores the key).
-        attn_logit_softcap=None,
         sliding_window=None,
         rope_base_local=None,
         sliding_pattern=None,
@@ -219,7 +218,8 @@ def _rope_scaling(meta: _Meta, arch: str, ctx_len: int) -> dict[str, Any] | None
     kind = meta.string(prefix + "type", default="linear")
     if kind not in ROPE_SCALING_TYPES:
         raise meta.error(
-            prefix + "type", f"unknown {kind!r} (known: {', '.join(ROPE_SCALING_TYPES)})"
+            prefix + "type",
+            f"RoPE scaling {kind!r} is not supported (supported: {', '.join(ROPE_SCALING_TYPES)})",
         )
     factor = meta.float(prefix + "factor", default=None)
     if factor is None:
@@ -295,9 +295,6 @@ def _expected_shapes(c: ModelConfig) -> tuple[dict[str, tuple], dict[str, tuple]
     optional = {"output.weight": (c.vocab_size, c.n_embd)}
     if c.arch == "llama":
         optional["rope_freqs.weight"] = (c.rope_dim // 2,)
-        if c.rope_scaling and c.rope_scaling["type"] == "longrope":
-            optional["rope_factors_long.weight"] = (c.rope_dim // 2,)
-            optional["rope_factors_short.weight"] = (c.rope_dim // 2,)
     if c.arch == "qwen2":
         optional["output.bias"] = (c.vocab_size,)
     for i in range(c.n_layers):

@@ -1,0 +1,85 @@
+"""The runtime's knobs, validated once: `LLM`, `AsyncEngine` and the CLI build an `EngineConfig`;
+the runner, the engine and the scheduler only read it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from edgeinfer.errors import EdgeInferError
+
+# Longest run of tokens one forward pass processes; longer prompts go in chunks, which bounds
+# activation memory (a chunk's K/V are in the cache before the next chunk attends to them).
+PREFILL_CHUNK = 512
+# The context used when none is given: the model's, capped (32k-token KV caches surprise people).
+DEFAULT_CTX = 4096
+
+
+class ConfigError(EdgeInferError, ValueError):
+    """A runtime knob outside its valid range."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """threads: CPU threads for the kernels (None: the machine's cores).
+    ctx: tokens per sequence (None: the model's context length, at most DEFAULT_CTX).
+    The KV cache holds `kv_budget` bytes' worth of 16-token blocks if given, else `parallel`
+    sequences of ctx tokens, stored as `kv_dtype` ("f16" or "f32").
+    A step runs at most `max_num_seqs` sequences and `max_num_batched_tokens` tokens; with
+    nothing running, a partial batch waits up to `max_wait_ms` for more requests.
+    prefix_caching: reuse the K/V of prompt blocks an earlier request computed.
+    batch_invariant: every step takes the row-wise kernels, so a request's tokens are the same
+    bits whatever it is batched with (vLLM's batch-invariant mode); otherwise a step of decode
+    tokens only takes the fastest kernels for its size (int8 activations at a few sequences).
+    """
+
+    threads: int | None = None
+    ctx: int | None = None
+    parallel: int = 4
+    kv_budget: int | None = None
+    kv_dtype: str = "f16"
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = PREFILL_CHUNK
+    max_wait_ms: float = 0.0
+    prefix_caching: bool = True
+    batch_invariant: bool = False
+
+    def __post_init__(self):
+        from edgeinfer.engine.kv_cache import check_kv_dtype
+
+        def at_least(name: str, low: int, optional: bool = False) -> None:
+            value = getattr(self, name)
+            if optional and value is None:
+                return
+            if not _is_int(value) or value < low:
+                none = "None or " if optional else ""
+                raise ConfigError(
+                    f"{name} (--{name.replace('_', '-')}) must be {none}an integer >= {low}, "
+                    f"got {value!r}"
+                )
+
+        at_least("threads", 1, optional=True)
+        at_least("ctx", 1, optional=True)
+        at_least("parallel", 1)
+        at_least("kv_budget", 1, optional=True)
+        at_least("max_num_seqs", 1)
+        at_least("max_num_batched_tokens", 1)
+        if self.max_num_batched_tokens > PREFILL_CHUNK:
+            raise ConfigError(
+                f"max_num_batched_tokens must be at most {PREFILL_CHUNK}, "
+                f"got {self.max_num_batched_tokens}"
+            )
+        if not isinstance(self.max_wait_ms, (int, float)) or not self.max_wait_ms >= 0:
+            raise ConfigError(f"max_wait_ms must be >= 0, got {self.max_wait_ms!r}")
+        for name in ("prefix_caching", "batch_invariant"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        check_kv_dtype(self.kv_dtype)
+
+    @property
+    def step_logit_rows(self) -> int:
+        """Most rows of logits one step returns: one per sequence that samples."""
+        return min(self.max_num_seqs, self.max_num_batched_tokens)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
