@@ -24,6 +24,7 @@ from edgeinfer.kernels.activations import SILU, gated_act, softcap_
 from edgeinfer.kernels.attention import self_attention
 from edgeinfer.kernels.norm import add_rms_norm, rms_norm
 from edgeinfer.kernels.rope import rope_inv_freq
+from edgeinfer.models.layout import tensor_shapes
 
 _NONE = np.zeros(0, np.float32)  # "absent" for optional norm weights and biases in kernels
 
@@ -100,23 +101,31 @@ class Layer:
 
 
 class WeightLoader:
-    """Turns GGUF tensors into kernel-ready objects."""
+    """Turns GGUF tensors into kernel-ready objects, reading only the tensors `layout` gives
+    the architecture (a name outside it is a tensor the architecture does not have)."""
 
-    def __init__(self, g: GGUFFile):
+    def __init__(self, g: GGUFFile, config: ModelConfig):
         self.g = g
+        required, optional = tensor_shapes(config)
+        self.layout = required.keys() | optional.keys()
 
     def has(self, name: str) -> bool:
-        return name in self.g.tensors
+        return name in self.layout and name in self.g.tensors
 
     def vector(self, name: str) -> np.ndarray:
-        """A norm weight or bias -> float32 copy; float32[0] when the file lacks it."""
-        info = self.g.tensors.get(name)
-        if info is None:
+        """A norm weight or bias -> float32 copy; float32[0] when the model lacks it."""
+        if not self.has(name):
             return _NONE
+        info = self.g.tensors[name]
         return kernels.dequantize(self.g.tensor_data(name), info.qtype, info.shape).reshape(-1)
 
+    def info(self, name: str):
+        if name not in self.layout:
+            raise KeyError(f"{name} is not in this architecture's layout (models/layout.py)")
+        return self.g.tensors[name]
+
     def weight(self, name: str) -> kernels.QuantWeight:
-        info = self.g.tensors[name]
+        info = self.info(name)
         return kernels.QuantWeight.from_raw(self.g.tensor_data(name), info.qtype, info.shape)
 
     def linear(self, names: list[str], bias: bool = False) -> Linear:
@@ -127,7 +136,7 @@ class WeightLoader:
         together would take them out of the page cache into anonymous memory (weights stay
         memory-mapped: at most 10 % may be repacked).
         """
-        infos = [self.g.tensors[n] for n in names]
+        infos = [self.info(n) for n in names]
         parts = []
         i = 0
         while i < len(infos):
@@ -170,7 +179,7 @@ class DecoderModel:
 
     def __init__(self, g: GGUFFile, config: ModelConfig):
         self.config = config
-        w = WeightLoader(g)
+        w = WeightLoader(g, config)
         self.tok_embd = w.weight("token_embd.weight")  # [vocab, d]
         self.output_norm = w.vector("output_norm.weight")
         head = "token_embd.weight" if config.tied_output else "output.weight"

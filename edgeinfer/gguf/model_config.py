@@ -16,6 +16,7 @@ from gguf import GGUFValueType
 from edgeinfer.errors import GGUFError
 from edgeinfer.gguf.reader import INTEGER_VALUE_TYPES, GGUFFile
 from edgeinfer.models import ARCHITECTURES
+from edgeinfer.models.layout import tensor_shapes
 
 SUPPORTED_ARCHS = tuple(ARCHITECTURES)  # one model file each
 SUPPORTED_TOKENIZERS = ("llama", "gpt2")  # SentencePiece, byte-level BPE
@@ -281,60 +282,8 @@ def _check_per_token(meta: _Meta, key: str, etype: GGUFValueType, vocab_size: in
     return values
 
 
-def _expected_shapes(c: ModelConfig) -> tuple[dict[str, tuple], dict[str, tuple]]:
-    """(required, optional) tensor name -> numpy shape (out, in), as llama.cpp loads them."""
-    q_dim, k_dim, v_dim = (
-        c.n_heads * c.head_dim,
-        c.n_kv_heads * c.head_dim,
-        c.n_kv_heads * c.v_head_dim,
-    )
-    required = {
-        "token_embd.weight": (c.vocab_size, c.n_embd),
-        "output_norm.weight": (c.n_embd,),
-    }
-    optional = {"output.weight": (c.vocab_size, c.n_embd)}
-    if c.arch == "llama":
-        optional["rope_freqs.weight"] = (c.rope_dim // 2,)
-    if c.arch == "qwen2":
-        optional["output.bias"] = (c.vocab_size,)
-    for i in range(c.n_layers):
-        b = f"blk.{i}."
-        required.update(
-            {
-                b + "attn_norm.weight": (c.n_embd,),
-                b + "attn_q.weight": (q_dim, c.n_embd),
-                b + "attn_k.weight": (k_dim, c.n_embd),
-                b + "attn_v.weight": (v_dim, c.n_embd),
-                b + "attn_output.weight": (c.n_embd, c.n_heads * c.v_head_dim),
-                b + "ffn_norm.weight": (c.n_embd,),
-                b + "ffn_gate.weight": (c.n_ff, c.n_embd),
-                b + "ffn_up.weight": (c.n_ff, c.n_embd),
-                b + "ffn_down.weight": (c.n_embd, c.n_ff),
-            }
-        )
-        optional.update(
-            {b + "attn_q.bias": (q_dim,), b + "attn_k.bias": (k_dim,), b + "attn_v.bias": (v_dim,)}
-        )
-        if c.arch in ("qwen3", "gemma3"):
-            required[b + "attn_q_norm.weight"] = (c.head_dim,)
-            required[b + "attn_k_norm.weight"] = (c.head_dim,)
-        if c.arch == "gemma3":
-            required[b + "post_attention_norm.weight"] = (c.n_embd,)
-            required[b + "post_ffw_norm.weight"] = (c.n_embd,)
-        if c.arch == "llama":
-            optional.update(
-                {
-                    b + "attn_output.bias": (c.n_embd,),
-                    b + "ffn_gate.bias": (c.n_ff,),
-                    b + "ffn_up.bias": (c.n_ff,),
-                    b + "ffn_down.bias": (c.n_embd,),
-                }
-            )
-    return required, optional
-
-
 def _check_tensors(g: GGUFFile, c: ModelConfig) -> None:
-    required, optional = _expected_shapes(c)
+    required, optional = tensor_shapes(c)
     for name, info in g.tensors.items():
         expected = required.get(name) or optional.get(name)
         if expected is None:
