@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from edgeinfer.cli import chat, info, pull, run
+from edgeinfer.cli import chat, info, pull, run, serve
 from edgeinfer.errors import EdgeInferError
 
 try:  # recent typer vendors click; older releases use the click package
@@ -26,6 +26,7 @@ app.command("chat")(chat.chat)
 app.command("info")(info.info)
 app.command("pull")(pull.pull)
 app.command("run")(run.run)
+app.command("serve")(serve.serve)
 
 
 def main() -> None:

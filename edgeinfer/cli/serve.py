@@ -1,0 +1,101 @@
+"""`edgeinfer serve`: an OpenAI-compatible HTTP server (edgeinfer/server/, design.md §7)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from edgeinfer.cli.options import Ctx, KVBudget, ModelArg, Parallel, Threads, kv_budget_bytes
+from edgeinfer.errors import EdgeInferError
+from edgeinfer.gguf.hub import DEFAULT_MODEL
+
+
+def serve(
+    model: ModelArg = DEFAULT_MODEL,
+    host: Annotated[str, typer.Option("--host", help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.")] = 8080,
+    api_key: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--api-key",
+            envvar="EDGEINFER_API_KEY",
+            help="Accepted Bearer key (repeatable); every endpoint but /health then needs one.",
+        ),
+    ] = None,
+    api_key_file: Annotated[
+        str | None, typer.Option("--api-key-file", help="File of accepted keys, one a line.")
+    ] = None,
+    parallel: Parallel = 4,
+    ctx: Ctx = None,
+    kv_budget: KVBudget = None,
+    threads: Threads = None,
+    max_num_seqs: Annotated[
+        int, typer.Option("--max-num-seqs", help="Most sequences decoded in one step.")
+    ] = 64,
+    max_queue: Annotated[
+        int | None,
+        typer.Option("--max-queue", help="Sequences that may wait for a slot; more get 503."),
+    ] = None,
+    rate_limit: Annotated[
+        str | None,
+        typer.Option("--rate-limit", help="Requests per key (or client), e.g. 60/min; 429 past."),
+    ] = None,
+    max_body: Annotated[
+        str, typer.Option("--max-body", help="Largest request body (413 past it), e.g. 4M.")
+    ] = "4M",
+    log_format: Annotated[
+        str, typer.Option("--log-format", help="Request log lines as text or json.")
+    ] = "text",
+    log_prompts: Annotated[
+        bool, typer.Option("--log-prompts", help="Include prompts in the request log.")
+    ] = False,
+    cors_origin: Annotated[
+        list[str] | None,
+        typer.Option("--cors-origin", help="Origin allowed by CORS (repeatable; * = any)."),
+    ] = None,
+    batch_invariant: Annotated[
+        bool,
+        typer.Option(
+            "--batch-invariant", help="Each request's tokens the same as run alone (slower)."
+        ),
+    ] = False,
+) -> None:
+    """Serve the model over an OpenAI-compatible HTTP API (chat, completions, metrics)."""
+    from edgeinfer.config import EngineConfig
+    from edgeinfer.server.admission import parse_rate
+    from edgeinfer.server.auth import read_key_file
+    from edgeinfer.server.run import run
+    from edgeinfer.server.settings import ServerSettings, model_name
+    from edgeinfer.units import parse_bytes
+
+    config = EngineConfig(
+        threads=threads,
+        ctx=ctx,
+        parallel=parallel,
+        kv_budget=kv_budget_bytes(kv_budget),
+        max_num_seqs=max_num_seqs,
+        batch_invariant=batch_invariant,
+    )
+    keys = list(api_key or []) + (read_key_file(api_key_file) if api_key_file else [])
+    try:
+        body_limit = parse_bytes(max_body)
+    except ValueError as e:
+        raise EdgeInferError(f"--max-body: {e}") from None
+    rate = None if rate_limit is None else parse_rate(rate_limit)
+    settings = ServerSettings(
+        model=model,
+        model_name=model_name(model),
+        engine_kwargs={"config": config},
+        host=host,
+        port=port,
+        api_keys=tuple(keys),
+        max_queue=max_queue,
+        rate_per_s=rate,
+        rate_burst=max(1, round(rate * 60)) if rate else 1,
+        max_body=body_limit,
+        log_format=log_format,
+        log_prompts=log_prompts,
+        cors_origins=tuple(cors_origin or ()),
+    )
+    run(settings)

@@ -1,0 +1,137 @@
+"""POST /v1/chat/completions and /v1/completions: a validated request -> a Generation -> one
+JSON body, or an SSE stream of chunks (role first, one chunk per engine output, a finish chunk
+per choice, the usage chunk when asked for, then [DONE])."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from fastapi.responses import JSONResponse
+from starlette.requests import Request
+
+from edgeinfer.server import sse
+from edgeinfer.server.errors import APIError
+from edgeinfer.server.generate import Generation
+from edgeinfer.server.protocol import ChatRequest
+from edgeinfer.server.responses import Shapes
+from edgeinfer.server.sampling import choice_params
+from edgeinfer.server.state import ServerState
+
+SHUTDOWN = APIError(503, "the server is shutting down", code="shutting_down")
+
+
+async def generate(state: ServerState, request: Request, req, log: dict):
+    """Run `req` (a ChatRequest or CompletionRequest); fills `log` as it goes -> a Response.
+    For a stream, the log line is written when the stream ends: log["deferred"] is set."""
+    engine = state.ready()
+    state.check_model(req.model)
+    chat = isinstance(req, ChatRequest)
+    llm = engine.llm
+    tokenizer = llm.tokenizer
+    if chat:
+        prompts = [req.chat_messages()]
+    else:
+        prompts = req.prompts()
+    if state.settings.log_prompts:
+        log["prompt"] = json.dumps(prompts[0] if len(prompts) == 1 else prompts)
+    grammar = None
+    fmt = req.response_format
+    if fmt is not None and fmt.type != "text":
+        if req.ignore_eos:
+            raise APIError(400, "ignore_eos cannot be combined with response_format", "ignore_eos")
+        schema = {"type": "object"} if fmt.type == "json_object" else fmt.json_schema.schema_
+        grammar = await state.grammar(schema if schema is not None else {})
+    state.admit()
+    vocab = tokenizer.vocab_size
+    gen = Generation(
+        engine,
+        state.metrics,
+        prompts,
+        req.n,
+        lambda i: choice_params(req, i, vocab, grammar),
+        req.priority,
+    )
+    gen.start()
+    state.generations.add(gen)
+    log["gen"] = gen
+    shapes = Shapes(gen.id, state.settings.model_name, int(time.time()), chat, tokenizer)
+    echo = [_text(tokenizer, p) for p in prompts] if getattr(req, "echo", False) else None
+    if req.stream:
+        log["deferred"] = True
+        return sse.EventStream(_stream(state, gen, shapes, req, echo, log))
+    try:
+        await sse.until_disconnect(_drain(gen), request.receive)
+    finally:
+        state.generations.discard(gen)
+    if gen.aborted:
+        raise SHUTDOWN
+    if any(c.finish_reason is None for c in gen.choices):  # the client went away
+        log["finish_reason"] = "disconnect"
+        log["status"] = 499
+        return JSONResponse({}, status_code=499)
+    want_logprobs = req.num_logprobs is not None
+    choices = [
+        shapes.choice(
+            c.index,
+            (echo[c.prompt_index] if echo else "") + "".join(c.text),
+            c.logprobs if want_logprobs else None,
+            c.finish_reason,
+        )
+        for c in gen.choices
+    ]
+    return JSONResponse(shapes.response(choices, gen.usage()))
+
+
+def _text(tokenizer, prompt) -> str:
+    return prompt if isinstance(prompt, str) else tokenizer.decode(prompt)
+
+
+async def _drain(gen: Generation) -> None:
+    async for _ in gen.events():
+        pass
+
+
+async def _stream(state: ServerState, gen: Generation, shapes: Shapes, req, echo, log):
+    usage = req.include_usage
+    want_logprobs = req.num_logprobs is not None
+    opened: set[int] = set()
+    offsets = [0] * len(gen.choices)  # completions: text offsets for logprobs
+    try:
+        if echo:
+            for c in gen.choices:
+                offsets[c.index] = len(echo[c.prompt_index])
+                yield sse.frame(shapes.chunk(c.index, echo[c.prompt_index], usage=usage))
+        async for event in gen.events(sse.KEEP_ALIVE_S):
+            if event is None:
+                yield sse.KEEP_ALIVE
+                continue
+            index, text, token_ids, logprobs = event
+            choice = gen.choices[index]
+            if shapes.chat and index not in opened:
+                opened.add(index)
+                yield sse.frame(shapes.chunk(index, "", role=True, usage=usage))
+            if text or (want_logprobs and logprobs):
+                lp = logprobs if want_logprobs else None
+                yield sse.frame(
+                    shapes.chunk(index, text, lp, text_offset=offsets[index], usage=usage)
+                )
+                offsets[index] += len(text)
+            if choice.finish_reason is not None:
+                if gen.aborted:
+                    raise SHUTDOWN
+                yield sse.frame(shapes.chunk(index, None, finish=choice.finish_reason, usage=usage))
+        if usage:
+            yield sse.frame(shapes.usage_chunk(gen.usage()))
+        yield sse.DONE
+    except APIError as e:  # after the 200 went out: the error travels as an event
+        log["status"] = e.status
+        log["error"] = e.message
+        yield sse.frame(e.body())
+        yield sse.DONE
+    finally:
+        state.generations.discard(gen)
+        gen.close()
+        if any(c.finish_reason is None for c in gen.choices) and "error" not in log:
+            log["finish_reason"] = "disconnect"
+        log["done"](log)
