@@ -23,7 +23,7 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, model, *args: str, warm: bool = True):
+    def __init__(self, model, *args: str, warm: bool = True, headers: dict | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tempfile.NamedTemporaryFile("w+", suffix=".log", delete=False)
@@ -34,10 +34,13 @@ class ServerProcess:
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-        self.headers: dict[str, str] = {}
+        self.headers: dict[str, str] = dict(headers or {})  # sent with every request
+        self.health_statuses: list[int] = []  # what /health answered while starting
+        self.loading_response: httpx.Response | None = None  # its first 503
         self.wait_ready()
         if warm:  # compile every kernel once, outside any test's timing
-            self.post("/v1/completions", {"prompt": "Hi", "max_tokens": 2}, timeout=600)
+            resp = self.post("/v1/completions", {"prompt": "Hi", "max_tokens": 2}, timeout=600)
+            resp.raise_for_status()
 
     def wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -45,11 +48,16 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
             try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
+                resp = httpx.get(self.url + "/health", timeout=2)
             except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+                time.sleep(0.05)
+                continue
+            self.health_statuses.append(resp.status_code)
+            if resp.status_code == 503 and self.loading_response is None:
+                self.loading_response = resp
+            if resp.status_code == 200:
+                return
+            time.sleep(0.05)
         raise RuntimeError(f"server not ready in {START_TIMEOUT_S} s:\n{self.output()}")
 
     def post(self, path: str, body, timeout: float = 120, **kw) -> httpx.Response:
