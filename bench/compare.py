@@ -9,7 +9,8 @@ load, warm up (JIT compilation, first-touch pages), then one greedy request of a
 (EOS ignored). The engines take turns, `--rounds` times each (A B, B A, ...): on a shared
 machine a slow spell of tens of seconds otherwise lands on one engine only. Reported, per
 engine, the best round of each figure: prefill tok/s, TTFT, decode tok/s (tokens after the
-first / the time after the first), peak RSS (the highest), and decode as a share of the
+first / the time after the first), peak RSS (the highest), start-up (process start to the first
+token of a 16-token prompt, kernels already compiled), and decode as a share of the
 bandwidth roofline: bytes read per decode step (every weight byte the step touches, plus the
 f16 KV cache at the mean decode position) / memory bandwidth measured in this run with the
 same thread count. Every round's decode tok/s is listed under the table.
@@ -78,10 +79,10 @@ def decode_bytes(path: Path, mean_pos: int) -> tuple[int, int]:
     return weights, kv
 
 
-def _worker(engine: str, path: str, threads: int, ids_file: str, gen: int) -> dict:
+def _worker(engine: str, path: str, threads: int, ids_file: str, gen: int, t_spawn: float) -> dict:
     ids = json.loads(Path(ids_file).read_text())
     run = _run_edgeinfer if engine == "edgeinfer" else _run_llama_cpp
-    out = run(path, threads, ids, gen)
+    out = run(path, threads, ids, gen, t_spawn)
     out["peak_rss_mb"] = _peak_rss() / 1e6
     return out
 
@@ -99,16 +100,18 @@ def _peak_rss() -> int:
     return rss if sys.platform == "darwin" else rss * 1024
 
 
-def _run_edgeinfer(path: str, threads: int, ids: list[int], gen: int) -> dict:
+def _run_edgeinfer(path: str, threads: int, ids: list[int], gen: int, t_spawn: float) -> dict:
     from edgeinfer import LLM, SamplingParams
 
     t0 = time.perf_counter()
     llm = LLM(path, threads=threads, ctx=len(ids) + gen + 16)
     load_s = time.perf_counter() - t0
     greedy = dict(temperature=0.0, ignore_eos=True)
-    llm.generate([ids[:16]], SamplingParams(max_tokens=4, **greedy))  # warm-up
+    llm.generate([ids[:16]], SamplingParams(max_tokens=1, **greedy))  # also the warm-up
+    start_s = time.time() - t_spawn
     m = llm.generate([ids], SamplingParams(max_tokens=gen, **greedy))[0].metrics
     return {
+        "start_s": start_s,
         "load_s": load_s,
         "prefill_tok_s": m.prefill_tok_s,
         "ttft_s": m.ttft_s,
@@ -116,17 +119,21 @@ def _run_edgeinfer(path: str, threads: int, ids: list[int], gen: int) -> dict:
     }
 
 
-def _run_llama_cpp(path: str, threads: int, ids: list[int], gen: int) -> dict:
+def _run_llama_cpp(path: str, threads: int, ids: list[int], gen: int, t_spawn: float) -> dict:
     import llama_cpp
 
     t0 = time.perf_counter()
+    # llama.cpp's default micro-batch of 512 tokens (one prefill chunk, as edgeinfer's); a
+    # longer one would size its attention buffers for the whole prompt at once
+    batch = min(len(ids), 512)
     llm = llama_cpp.Llama(
         model_path=path,
         n_ctx=len(ids) + gen + 16,
-        n_batch=len(ids),
-        n_ubatch=len(ids),
+        n_batch=batch,
+        n_ubatch=batch,
         n_threads=threads,
         n_threads_batch=threads,
+        n_gpu_layers=0,
         verbose=False,
     )
     load_s = time.perf_counter() - t0
@@ -136,13 +143,16 @@ def _run_llama_cpp(path: str, threads: int, ids: list[int], gen: int) -> dict:
     # [n_batch, vocab] score matrix, which would add time and RSS that llama.cpp itself has not.
     def decode(tokens: list[int]) -> int:
         """Append tokens to sequence 0 -> greedy next token."""
-        arr = (llama_cpp.llama_token * len(tokens))(*tokens)
-        if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(tokens))) != 0:
-            raise RuntimeError("llama_decode failed")
+        for i in range(0, len(tokens), batch):
+            part = tokens[i : i + batch]
+            arr = (llama_cpp.llama_token * len(part))(*part)
+            if llama_cpp.llama_decode(ctx, llama_cpp.llama_batch_get_one(arr, len(part))) != 0:
+                raise RuntimeError("llama_decode failed")
         logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
         return int(np.argmax(logits))
 
-    decode(ids[:16])  # warm-up
+    decode(ids[:16])  # also the warm-up
+    start_s = time.time() - t_spawn
     llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
     t0 = time.perf_counter()
     token = decode(ids)
@@ -151,6 +161,7 @@ def _run_llama_cpp(path: str, threads: int, ids: list[int], gen: int) -> dict:
         token = decode([token])
     t_end = time.perf_counter()
     return {
+        "start_s": start_s,
         "load_s": load_s,
         "prefill_tok_s": len(ids) / (t_first - t0),
         "ttft_s": t_first - t0,
@@ -160,7 +171,7 @@ def _run_llama_cpp(path: str, threads: int, ids: list[int], gen: int) -> dict:
 
 def _spawn(engine: str, path: Path, threads: int, ids_file: str, gen: int) -> dict:
     cmd = [sys.executable, __file__, "--worker", engine, str(path), str(threads), ids_file]
-    cmd.append(str(gen))
+    cmd += [str(gen), repr(time.time())]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), NUMBA_NUM_THREADS=str(threads))
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
@@ -178,7 +189,7 @@ def best_of(rounds: list[dict]) -> dict:
     """One engine's rounds -> each figure at its best (speeds highest, times lowest), peak RSS
     at its highest, and every round's decode tok/s."""
     best = {k: max(r[k] for r in rounds) for k in ("prefill_tok_s", "decode_tok_s", "peak_rss_mb")}
-    best.update({k: min(r[k] for r in rounds) for k in ("ttft_s", "load_s")})
+    best.update({k: min(r[k] for r in rounds) for k in ("ttft_s", "load_s", "start_s")})
     best["decode_rounds"] = [r["decode_tok_s"] for r in rounds]
     return best
 
@@ -233,8 +244,8 @@ def compare(
 def markdown(rows: list[dict], n_prompt: int, gen: int) -> str:
     lines = [
         f"| model | threads | engine | prefill pp{n_prompt} tok/s | TTFT ms "
-        f"| decode tg{gen} tok/s | decode % roofline | peak RSS MB | load s |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"| decode tg{gen} tok/s | decode % roofline | peak RSS MB | load s | start s |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for c in rows:
         for engine in ENGINES:
@@ -242,11 +253,12 @@ def markdown(rows: list[dict], n_prompt: int, gen: int) -> str:
             lines.append(
                 f"| {c['model']} | {c['threads']} | {engine} | {r['prefill_tok_s']:.0f} "
                 f"| {r['ttft_s'] * 1e3:.0f} | {r['decode_tok_s']:.1f} "
-                f"| {r['roofline_share']:.0%} | {r['peak_rss_mb']:.0f} | {r['load_s']:.1f} |"
+                f"| {r['roofline_share']:.0%} | {r['peak_rss_mb']:.0f} | {r['load_s']:.1f} "
+                f"| {r['start_s']:.2f} |"
             )
         lines.append(
             f"| {c['model']} | {c['threads']} | **edgeinfer / llama.cpp** "
-            f"| **{c['prefill_ratio']:.2f}x** | | **{c['decode_ratio']:.2f}x** | | | |"
+            f"| **{c['prefill_ratio']:.2f}x** | | **{c['decode_ratio']:.2f}x** | | | | |"
         )
     lines.append("")
     for c in rows:
@@ -266,8 +278,8 @@ def markdown(rows: list[dict], n_prompt: int, gen: int) -> str:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        engine, path, threads, ids_file, gen = sys.argv[2:7]
-        print(json.dumps(_worker(engine, path, int(threads), ids_file, int(gen))))
+        engine, path, threads, ids_file, gen, t_spawn = sys.argv[2:8]
+        print(json.dumps(_worker(engine, path, int(threads), ids_file, int(gen), float(t_spawn))))
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS))

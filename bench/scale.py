@@ -1,0 +1,139 @@
+"""edgeinfer against llama.cpp at the sizes users run: 1B-3B models, contexts of 512 to 16k.
+
+    python bench/scale.py [--models NAME ...] [--contexts 512 4096 16384] [--threads 2]
+                          [--gen-tokens 32] [--rounds 1] [--quick] [--json]
+
+Models come from bench/synth.py (real architectures' shapes, random weights, quantized by
+llama.cpp), written on first use. Per model and context C, each engine runs in its own
+subprocess (bench/compare.py's worker: same file, same threads, the same C random token ids):
+prefill of the C-token prompt, then `--gen-tokens` greedy tokens decoded at context C; also
+peak RSS and start-up (process start to a first token, Numba's cache warm). Decode is reported
+as a share of the bandwidth roofline: weight bytes plus the f16 KV bytes at the mean decode
+position, read once per token, over this run's measured bandwidth. The engines take turns,
+`--rounds` times each; the best round of each figure is kept. `--quick`: the 1B Q4_K_M model
+at context 512 only (a few minutes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import compare  # noqa: E402
+import synth  # noqa: E402
+
+DEFAULT_CONTEXTS = (512, 4096, 16384)
+
+
+def measure(name: str, contexts, threads: int, gen: int, rounds: int, bandwidth: float) -> list:
+    path = synth.model_path(name)
+    from edgeinfer.gguf.model_config import ModelConfig
+    from edgeinfer.gguf.reader import read_gguf
+
+    with read_gguf(path) as g:
+        vocab = ModelConfig.from_gguf(g).vocab_size
+    rows = []
+    for ctx in contexts:
+        ids = np.random.default_rng(ctx).integers(3, vocab, ctx).tolist()
+        weights, kv = compare.decode_bytes(path, ctx + gen // 2)
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(ids, f)
+        try:
+            runs = {engine: [] for engine in compare.ENGINES}
+            for i in range(rounds):
+                order = compare.ENGINES if i % 2 == 0 else compare.ENGINES[::-1]
+                for engine in order:
+                    runs[engine].append(compare._spawn(engine, path, threads, f.name, gen))
+        finally:
+            os.unlink(f.name)
+        ours, theirs = (compare.best_of(runs[e]) for e in compare.ENGINES)
+        roofline = bandwidth / (weights + kv)
+        rows.append(
+            {
+                "model": name,
+                "context": ctx,
+                "threads": threads,
+                "decode_tok_s": ours["decode_tok_s"],
+                "llama_decode_tok_s": theirs["decode_tok_s"],
+                "decode_ratio": ours["decode_tok_s"] / theirs["decode_tok_s"],
+                "prefill_tok_s": ours["prefill_tok_s"],
+                "llama_prefill_tok_s": theirs["prefill_tok_s"],
+                "prefill_ratio": ours["prefill_tok_s"] / theirs["prefill_tok_s"],
+                "roofline_tok_s": roofline,
+                "roofline_pct": 100 * ours["decode_tok_s"] / roofline,
+                "llama_roofline_pct": 100 * theirs["decode_tok_s"] / roofline,
+                "peak_rss_mb": ours["peak_rss_mb"],
+                "llama_peak_rss_mb": theirs["peak_rss_mb"],
+                "start_s": ours["start_s"],
+                "llama_start_s": theirs["start_s"],
+                "weights_mb": weights / 1e6,
+                "kv_mb": kv / 1e6,
+            }
+        )
+        print(markdown(rows[-1:], bandwidth, header=len(rows) == 1), file=sys.stderr, flush=True)
+    return rows
+
+
+def markdown(rows: list[dict], bandwidth: float, header: bool = True) -> str:
+    lines = []
+    if header:
+        lines += [
+            "| model | ctx | decode tok/s (llama.cpp) | ratio | % roofline (llama.cpp) "
+            "| prefill tok/s (llama.cpp) | ratio | peak RSS MB (llama.cpp) | start s (llama.cpp) |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['context']} "
+            f"| {r['decode_tok_s']:.1f} ({r['llama_decode_tok_s']:.1f}) | {r['decode_ratio']:.2f}x "
+            f"| {r['roofline_pct']:.0f} % ({r['llama_roofline_pct']:.0f} %) "
+            f"| {r['prefill_tok_s']:.0f} ({r['llama_prefill_tok_s']:.0f}) "
+            f"| {r['prefill_ratio']:.2f}x "
+            f"| {r['peak_rss_mb']:.0f} ({r['llama_peak_rss_mb']:.0f}) "
+            f"| {r['start_s']:.2f} ({r['llama_start_s']:.2f}) |"
+        )
+    if header and rows:
+        lines.append(f"\nbandwidth {bandwidth / 1e9:.1f} GB/s ({rows[0]['threads']} threads)")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=list(synth.MODELS), help=", ".join(synth.MODELS))
+    ap.add_argument("--contexts", nargs="+", type=int, default=list(DEFAULT_CONTEXTS))
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--gen-tokens", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=1, help="turns each engine takes")
+    ap.add_argument("--quick", action="store_true", help="1B Q4_K_M at context 512 only")
+    ap.add_argument("--json", action="store_true", help="print {'results': [...]} as JSON")
+    args = ap.parse_args()
+    if args.quick:
+        args.models, args.contexts = ["llama-1b-q4_k_m"], [512]
+    unknown = [m for m in args.models if m not in synth.MODELS]
+    if unknown:
+        ap.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(synth.MODELS)}")
+    if args.rounds < 1 or args.gen_tokens < 2 or min(args.contexts) < 16:
+        ap.error("need --rounds >= 1, --gen-tokens >= 2 and every context >= 16")
+    from bandwidth import read_bandwidth
+
+    bandwidth = read_bandwidth(args.threads)
+    rows = []
+    for name in args.models:
+        rows += measure(name, args.contexts, args.threads, args.gen_tokens, args.rounds, bandwidth)
+    if args.json:
+        print(json.dumps({"bandwidth_gb_s": bandwidth / 1e9, "results": rows}, indent=2))
+    else:
+        print(markdown(rows, bandwidth))
+
+
+if __name__ == "__main__":
+    main()
