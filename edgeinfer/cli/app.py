@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from edgeinfer.cli import chat, info, pull, run, serve
+from edgeinfer.cli import chat, eval, info, pull, quantize, run, serve
 from edgeinfer.errors import EdgeInferError
 
 try:  # recent typer vendors click; older releases use the click package
@@ -27,6 +27,8 @@ app.command("info")(info.info)
 app.command("pull")(pull.pull)
 app.command("run")(run.run)
 app.command("serve")(serve.serve)
+app.command("quantize")(quantize.quantize)
+app.command("eval")(eval.eval_)
 
 
 def main() -> None:
