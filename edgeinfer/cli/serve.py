@@ -82,7 +82,7 @@ def serve(
         body_limit = parse_bytes(max_body)
     except ValueError as e:
         raise EdgeInferError(f"--max-body: {e}") from None
-    rate = None if rate_limit is None else parse_rate(rate_limit)
+    rate, burst = (None, 1) if rate_limit is None else parse_rate(rate_limit)
     settings = ServerSettings(
         model=model,
         model_name=model_name(model),
@@ -92,7 +92,7 @@ def serve(
         api_keys=tuple(keys),
         max_queue=max_queue,
         rate_per_s=rate,
-        rate_burst=max(1, round(rate * 60)) if rate else 1,
+        rate_burst=burst,
         max_body=body_limit,
         log_format=log_format,
         log_prompts=log_prompts,

@@ -16,12 +16,13 @@ _RATE = re.compile(r"\s*(\d+)\s*(?:/\s*(s|sec|second|m|min|minute|h|hour))?\s*",
 _PERIOD_S = {"s": 1, "m": 60, "h": 3600}
 
 
-def parse_rate(text: str) -> float:
-    """'60/min', '5/s', '1000/h', '60' (per minute) -> requests per second."""
+def parse_rate(text: str) -> tuple[float, int]:
+    """'60/min', '5/s', '1000/h', '60' (per minute) -> (requests per second, burst): a
+    period's worth may come at once."""
     m = _RATE.fullmatch(text)
     if not m or int(m[1]) < 1:
         raise EdgeInferError(f"--rate-limit: not a rate: {text!r} (examples: 60/min, 5/s)")
-    return int(m[1]) / _PERIOD_S[(m[2] or "m")[0].lower()]
+    return int(m[1]) / _PERIOD_S[(m[2] or "m")[0].lower()], int(m[1])
 
 
 class RateLimiter:

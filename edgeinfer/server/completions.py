@@ -59,7 +59,15 @@ async def generate(state: ServerState, request: Request, req, log: dict):
     echo = [_text(tokenizer, p) for p in prompts] if getattr(req, "echo", False) else None
     if req.stream:
         log["deferred"] = True
-        return sse.EventStream(_stream(state, gen, shapes, req, echo, log))
+
+        def finish():  # once, however the stream ended (even if it never started)
+            state.generations.discard(gen)
+            gen.close()
+            if any(c.finish_reason is None for c in gen.choices) and "error" not in log:
+                log["finish_reason"] = "disconnect"
+            log["done"](log)
+
+        return sse.EventStream(_stream(gen, shapes, req, echo, log), on_close=finish)
     try:
         await sse.until_disconnect(_drain(gen), request.receive)
     finally:
@@ -92,7 +100,7 @@ async def _drain(gen: Generation) -> None:
         pass
 
 
-async def _stream(state: ServerState, gen: Generation, shapes: Shapes, req, echo, log):
+async def _stream(gen: Generation, shapes: Shapes, req, echo, log):
     usage = req.include_usage
     want_logprobs = req.num_logprobs is not None
     opened: set[int] = set()
@@ -129,9 +137,3 @@ async def _stream(state: ServerState, gen: Generation, shapes: Shapes, req, echo
         log["error"] = e.message
         yield sse.frame(e.body())
         yield sse.DONE
-    finally:
-        state.generations.discard(gen)
-        gen.close()
-        if any(c.finish_reason is None for c in gen.choices) and "error" not in log:
-            log["finish_reason"] = "disconnect"
-        log["done"](log)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from starlette.responses import Response
 
@@ -47,8 +47,14 @@ class EventStream(Response):
 
     media_type = MEDIA_TYPE
 
-    def __init__(self, events: AsyncIterator[bytes], headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        events: AsyncIterator[bytes],
+        headers: dict[str, str] | None = None,
+        on_close: Callable[[], None] | None = None,
+    ):
         self.events = events
+        self.on_close = on_close
         self.status_code = 200
         self.background = None
         self.init_headers({**HEADERS, **(headers or {})})
@@ -65,4 +71,8 @@ class EventStream(Response):
             finally:
                 await self.events.aclose()
 
-        await until_disconnect(stream(), receive)
+        try:
+            await until_disconnect(stream(), receive)
+        finally:
+            if self.on_close is not None:
+                self.on_close()
