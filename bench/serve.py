@@ -3,6 +3,10 @@
     python bench/serve.py [MODEL] [--threads 2] [--sizes 1 4 16 64] [--requests N]
                           [--max-output 64] [--time-limit 300] [--json] [--soak MINUTES]
 
+Also, for edgeinfer: the concurrency-1 requests through `edgeinfer run` (no HTTP), to show the
+server's overhead, and the TPOT of chats constrained by a JSON schema against the same chats
+unconstrained (--no-extras skips both).
+
 The workload is bench/throughput.py's (mixed prompt lengths, half behind a shared system
 prompt; mixed output lengths with EOS banned through logit_bias, so both servers generate the
 same number of tokens), sent as streamed /v1/completions at each concurrency in --sizes:
@@ -92,19 +96,24 @@ class Server:
         return code
 
 
-async def one(http: httpx.AsyncClient, prompt: str, max_tokens: int, bias: dict) -> dict:
-    """One streamed completion -> its timings (or its error)."""
+async def one(
+    http: httpx.AsyncClient, prompt, max_tokens: int, bias: dict, extra: dict | None = None
+) -> dict:
+    """One streamed completion (a chat when prompt is a list of messages) -> its timings."""
+    chat = isinstance(prompt, list)
     body = {
-        "prompt": prompt,
+        "messages" if chat else "prompt": prompt,
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": True,
         "logit_bias": bias,
+        **(extra or {}),
     }
+    path = "/v1/chat/completions" if chat else "/v1/completions"
     t0 = time.perf_counter()
     stamps, finish = [], None
     try:
-        async with http.stream("POST", "/v1/completions", json=body) as resp:
+        async with http.stream("POST", path, json=body) as resp:
             if resp.status_code != 200:
                 return {"error": f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"}
             async for line in resp.aiter_lines():
@@ -114,7 +123,7 @@ async def one(http: httpx.AsyncClient, prompt: str, max_tokens: int, bias: dict)
                 if "error" in event:
                     return {"error": str(event["error"])[:200]}
                 for c in event.get("choices", []):
-                    if c.get("text"):
+                    if c.get("text") or c.get("delta", {}).get("content"):
                         stamps.append(time.perf_counter())
                     finish = c.get("finish_reason") or finish
     except httpx.HTTPError as e:
@@ -221,6 +230,58 @@ def soak(path: str, threads: int, reqs, bias, minutes: float) -> dict:
     return summary
 
 
+def run_baseline(path: str, threads: int, reqs, ctx: int) -> dict:
+    """The c=1 requests through `edgeinfer run` (no HTTP): output tok/s over TTFT + decode."""
+    tokens, seconds = 0, 0.0
+    for prompt, m in reqs:
+        cmd = [sys.executable, "-m", "edgeinfer", "run", path, "-p", prompt, "-n", str(m)]
+        cmd += ["--temp", "0", "--ignore-eos", "--json", "--threads", str(threads)]
+        cmd += ["--ctx", str(ctx)]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=True)
+        metrics = json.loads(out.stdout)["metrics"]
+        tokens += metrics["generated_tokens"]
+        seconds += metrics["ttft_s"] + metrics["decode_s"]
+    return {"requests": len(reqs), "output_tok_s": tokens / seconds}
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer"},
+        "city": {"type": "string", "maxLength": 24},
+        "hobbies": {"type": "array", "items": {"type": "string", "maxLength": 16}},
+    },
+    "required": ["name", "age", "city", "hobbies"],
+}
+
+
+def json_schema_cost(server: Server, n: int, max_tokens: int) -> dict:
+    """TPOT of chats constrained by a JSON schema against the same chats unconstrained."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    chats = [
+        [{"role": "user", "content": f"Describe person number {i} as JSON."}] for i in range(n)
+    ]
+
+    async def go(extra):
+        async with httpx.AsyncClient(base_url=server.url, timeout=600) as http:
+            return [await one(http, c, max_tokens, {}, extra) for c in chats]
+
+    asyncio.run(go({"response_format": fmt}))  # warm-up: the grammar compiler
+    plain = [r for r in asyncio.run(go({"ignore_eos": True})) if "error" not in r]
+    masked = [r for r in asyncio.run(go({"response_format": fmt})) if "error" not in r]
+
+    def tpot(rs):
+        return float(np.mean([r["tpot"] for r in rs if r["tpot"]])) * 1e3
+
+    return {
+        "requests": n,
+        "tpot_plain_ms": tpot(plain),
+        "tpot_json_schema_ms": tpot(masked),
+        "overhead_pct": 100 * (tpot(masked) / tpot(plain) - 1),
+    }
+
+
 def _ctx(reqs) -> int:
     return max(len(p) + m for p, m in reqs) + 16
 
@@ -253,6 +314,20 @@ def markdown(report: dict) -> str:
         if ours and theirs and theirs["output_tok_s"]:
             ratio = ours["output_tok_s"] / theirs["output_tok_s"]
             lines.append(f"| ratio | {size} | | | {ratio:.2f}x | | | | | |")
+    base, http1 = report.get("run_c1"), report["servers"].get("edgeinfer", {}).get(1)
+    if base and http1:
+        lines += [
+            "",
+            f"server overhead at concurrency 1: HTTP {http1['output_tok_s']:.1f} tok/s, "
+            f"`edgeinfer run` {base['output_tok_s']:.1f} tok/s "
+            f"({http1['output_tok_s'] / base['output_tok_s']:.2f}x)",
+        ]
+    js = report.get("json_schema")
+    if js:
+        lines.append(
+            f"json_schema masking: TPOT {js['tpot_json_schema_ms']:.1f} ms against "
+            f"{js['tpot_plain_ms']:.1f} ms unconstrained ({js['overhead_pct']:+.1f} %)"
+        )
     return "\n".join(lines)
 
 
@@ -266,6 +341,7 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=300, help="seconds per size and server")
     ap.add_argument("--only", choices=["edgeinfer", "llama-cpp-python"], default=None)
     ap.add_argument("--soak", type=float, default=None, metavar="MINUTES")
+    ap.add_argument("--no-extras", action="store_true", help="skip the run and json checks")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -298,8 +374,13 @@ def main() -> None:
             report["servers"][name] = run_server(
                 server, reqs, args.sizes, args.requests, bias, args.time_limit
             )
+            if name == "edgeinfer" and not args.no_extras:
+                report["json_schema"] = json_schema_cost(server, 8, args.max_output)
         finally:
             server.stop()
+    if 1 in args.sizes and "edgeinfer" in report["servers"] and not args.no_extras:
+        n = args.requests or 8
+        report["run_c1"] = run_baseline(path, args.threads, reqs[:n], ctx)
     if args.json:
         print(json.dumps(report, indent=1, default=float))
     else:
