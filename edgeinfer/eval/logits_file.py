@@ -6,7 +6,8 @@ Layout (little-endian): "_logits_", u32 n_ctx, i32 n_vocab, i32 n_chunk, i32 tok
 [n_chunk * n_ctx] (the text's tokens, before BOS replaces each window's first), then per
 window its n_ctx - 1 - n_ctx/2 scored rows of nv = 2 * ceil(n_vocab / 2) + 4 uint16: two
 float32 (scale, min_log_prob), then each token's log-probability as
-min_log_prob + scale * u16, over the 16 nats below the top (lower ones are stored as that floor).
+min_log_prob + scale * u16, over the 16 nats below the top (lower ones are stored as that floor,
+and KL against such a file leaves out log-probs <= -16, as llama.cpp's does).
 A window of Gemma 3's 262k vocabulary takes 134 MB, so --chunks bounds the file.
 """
 

@@ -36,15 +36,17 @@ def _row_stats(logits, targets, lse, nll, top):
 
 
 @njit(parallel=True, cache=True)
-def _kl_rows(base, base_lse, logits, lse, out):
+def _kl_rows(base, base_lse, logits, lse, floor, out):
     # KL(base || model) per row; base: float32[m, V] logits with their log-sum-exp (log-probs
-    # with base_lse = 0), logits: float32[m, V] with lse -> out: float64[m]
+    # with base_lse = 0), logits: float32[m, V] with lse -> out: float64[m]; base log-probs at
+    # or below floor are left out
     m, v = logits.shape
     for i in prange(m):
         s = 0.0
         for j in range(v):
             lb = np.float64(base[i, j]) - base_lse[i]
-            s += math.exp(lb) * (lb - (np.float64(logits[i, j]) - lse[i]))
+            if lb > floor:
+                s += math.exp(lb) * (lb - (np.float64(logits[i, j]) - lse[i]))
         out[i] = s
 
 
@@ -66,14 +68,23 @@ def score(logits: np.ndarray, targets: np.ndarray) -> Scores:
     return s
 
 
-def kl_rows(base: np.ndarray, base_lse: np.ndarray, logits: np.ndarray, lse: np.ndarray):
-    """KL(softmax(base) || softmax(logits)) per row -> float64[m]."""
+def kl_rows(
+    base: np.ndarray,
+    base_lse: np.ndarray,
+    logits: np.ndarray,
+    lse: np.ndarray,
+    floor: float = -math.inf,
+):
+    """KL(softmax(base) || softmax(logits)) per row -> float64[m]. floor: base log-probs at or
+    below it are left out (saved log-probs store the unresolved tail at a floor, and
+    llama.cpp's KL skips log-probs <= -16 likewise)."""
     out = np.empty(logits.shape[0])
     _kl_rows(
         np.ascontiguousarray(base, dtype=np.float32),
         np.ascontiguousarray(base_lse, dtype=np.float64),
         np.ascontiguousarray(logits, dtype=np.float32),
         lse,
+        floor,
         out,
     )
     return out

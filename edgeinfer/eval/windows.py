@@ -13,6 +13,7 @@ activations): memory holds one window's logits, never the text's.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +22,7 @@ import numpy as np
 
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.eval import stats
-from edgeinfer.eval.logits_file import LogitsReader, LogitsWriter, scored_rows
+from edgeinfer.eval.logits_file import RANGE, LogitsReader, LogitsWriter, scored_rows
 
 
 @dataclass
@@ -125,9 +126,10 @@ def evaluate(
             if reference is None:
                 totals.add(s)
             else:
-                base_logits, base_lse = _reference_rows(reference, ids, i, first, n_ctx)
+                base_logits, base_lse, floor = _reference_rows(reference, ids, i, first, n_ctx)
                 base = _base_scores(base_logits, base_lse, targets)
-                totals.add(s, base, stats.kl_rows(base_logits, base_lse, logits, s.lse))
+                kld = stats.kl_rows(base_logits, base_lse, logits, s.lse, floor)
+                totals.add(s, base, kld)
             del logits
             if progress is not None:
                 ppl, _ = totals.perplexity()
@@ -150,13 +152,14 @@ def evaluate(
 
 
 def _reference_rows(reference, ids, i: int, first: int, n_ctx: int):
-    """The reference's scored rows -> (float32[m, V] logits or log-probs, float64[m] lse)."""
+    """The reference's scored rows -> (float32[m, V] logits or log-probs, float64[m] lse, the
+    log-prob at or below which KL leaves a token out)."""
     if isinstance(reference, LogitsReader):
         lp = reference.log_probs(i)
-        return lp, np.zeros(lp.shape[0])
+        return lp, np.zeros(lp.shape[0]), -RANGE  # llama.cpp's rule for its own files
     base = forward(reference, ids)[first : n_ctx - 1]
     lse = stats.score(base, np.zeros(len(base), np.int64)).lse
-    return base, lse
+    return base, lse, -math.inf
 
 
 def _base_scores(base: np.ndarray, base_lse: np.ndarray, targets: np.ndarray) -> stats.Scores:
