@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Annotated
 
@@ -56,6 +57,19 @@ def run(
     json_out: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (text + metrics) instead.")
     ] = False,
+    logprobs: Annotated[
+        bool,
+        typer.Option(
+            "--logprobs", help="After the text, each token's log-probability (in --json too)."
+        ),
+    ] = False,
+    top_logprobs: Annotated[
+        int | None,
+        typer.Option(
+            "--top-logprobs",
+            help="With each token, the K likeliest alternatives (implies --logprobs).",
+        ),
+    ] = None,
 ) -> None:
     """Complete a prompt: tokens stream to stdout, then a stats line goes to stderr."""
     from edgeinfer.config import EngineConfig
@@ -78,6 +92,7 @@ def run(
         stop=stop,
         max_tokens=limit,
         ignore_eos=ignore_eos,
+        logprobs=top_logprobs if top_logprobs is not None else (0 if logprobs else None),
     )
     llm = LLM(model, config)
     if chat and llm.chat_template is None:
@@ -97,5 +112,22 @@ def run(
         sys.stdout.write(delta)
         sys.stdout.flush()
     sys.stdout.write("\n")
+    if params.logprobs is not None:
+        print_logprobs(llm.tokenizer, stream.completion.logprobs)
     sys.stdout.flush()
     print(stream.completion.metrics.summary(), file=sys.stderr)
+
+
+def print_logprobs(tokenizer, logprobs) -> None:
+    """A table after the text: each token's piece, log-probability, probability and the
+    likeliest alternatives (as `piece logprob`)."""
+
+    def piece(token_id: int) -> str:
+        return json.dumps(tokenizer.token_to_piece(token_id, special=True), ensure_ascii=False)
+
+    width = max([len(piece(t.token_id)) for t in logprobs] + [5])
+    print(f"\n{'token':<{width}}  {'logprob':>8}  {'p':>7}  top")
+    for t in logprobs:
+        top = ", ".join(f"{piece(i)} {lp:.3f}" for i, lp in t.top)
+        p = 100 * math.exp(t.logprob)
+        print(f"{piece(t.token_id):<{width}}  {t.logprob:8.4f}  {p:6.2f}%  {top}".rstrip())
