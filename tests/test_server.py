@@ -564,3 +564,16 @@ def test_fuzz_bodies(server, body, path):
     if resp.status_code != 200:
         assert set(resp.json()["error"]) == {"message", "type", "param", "code"}
     assert server.get("/health").status_code == 200
+
+
+def test_huge_prompt_is_refused_before_tokenizing(server):
+    text = "abcdefgh" * 7000  # ~56 KB: more bytes than CTX tokens of any length can hold
+    t0 = time.monotonic()
+    err = _error(server.post("/v1/completions", {"prompt": text}), 400, "prompt")
+    assert "at least" in err["message"] and str(CTX) in err["message"]
+    err = _error(
+        server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}),
+        400,
+        "messages",
+    )
+    assert err["code"] == "context_length_exceeded" and time.monotonic() - t0 < 10

@@ -7,6 +7,7 @@ Everything but /health needs an API key when keys are set (/metrics and /v1/mode
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
@@ -164,12 +165,15 @@ def create_app(settings: ServerSettings, state: ServerState | None = None) -> Fa
             req = await body(request, TokenizeRequest)
             state.check_model(req.model)
             llm = state.engine.llm
-            try:
+            try:  # off the event loop: a body of megabytes takes a while
                 if req.prompt is not None:
                     add_bos = None if req.add_special_tokens else False
-                    ids = llm.tokenizer.encode(req.prompt, add_bos=add_bos, special=True)
+                    ids = await asyncio.to_thread(
+                        llm.tokenizer.encode, req.prompt, add_bos=add_bos, special=True
+                    )
                 else:
-                    ids = llm.chat_token_ids(chat_messages(req.messages))
+                    messages = chat_messages(req.messages)
+                    ids = await asyncio.to_thread(llm.chat_token_ids, messages)
             except EdgeInferError as e:
                 raise bad_request(str(e)) from None
             return JSONResponse(

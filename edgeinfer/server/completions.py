@@ -18,7 +18,9 @@ from edgeinfer.server.responses import Shapes
 from edgeinfer.server.sampling import choice_params
 from edgeinfer.server.state import ServerState
 
-SHUTDOWN = APIError(503, "the server is shutting down", code="shutting_down")
+
+def _shutdown() -> APIError:
+    return APIError(503, "the server is shutting down", code="shutting_down")
 
 
 async def generate(state: ServerState, request: Request, req, log: dict):
@@ -33,6 +35,10 @@ async def generate(state: ServerState, request: Request, req, log: dict):
         prompts = [req.chat_messages()]
     else:
         prompts = req.prompts()
+    if chat:
+        state.check_prompt_size(["".join(m["content"] for m in prompts[0])], "messages")
+    else:
+        state.check_prompt_size([p for p in prompts if isinstance(p, str)], "prompt")
     if state.settings.log_prompts:
         log["prompt"] = json.dumps(prompts[0] if len(prompts) == 1 else prompts)
     grammar = None
@@ -73,7 +79,7 @@ async def generate(state: ServerState, request: Request, req, log: dict):
     finally:
         state.generations.discard(gen)
     if gen.aborted:
-        raise SHUTDOWN
+        raise _shutdown()
     if any(c.finish_reason is None for c in gen.choices):  # the client went away
         log["finish_reason"] = "disconnect"
         log["status"] = 499
@@ -127,7 +133,7 @@ async def _stream(gen: Generation, shapes: Shapes, req, echo, log):
                 offsets[index] += len(text)
             if choice.finish_reason is not None:
                 if gen.aborted:
-                    raise SHUTDOWN
+                    raise _shutdown()
                 yield sse.frame(shapes.chunk(index, None, finish=choice.finish_reason, usage=usage))
         if usage:
             yield sse.frame(shapes.usage_chunk(gen.usage()))

@@ -40,6 +40,7 @@ class ServerState:
         self.shutting_down = False
         self.stop_server: Callable[[], None] = lambda: None  # set by whoever runs the server
         self._grammars: GrammarCompiler | None = None
+        self._longest_token: int | None = None  # bytes
         self._grammar_lock = asyncio.Lock()
 
     def _stats(self):
@@ -123,6 +124,24 @@ class ServerState:
                 param="model",
                 code="model_not_found",
             )
+
+    def check_prompt_size(self, texts: list[str], param: str) -> None:
+        """400 for text that must be more tokens than the context holds, before tokenizing it
+        (which holds the event loop): no token is longer than the vocabulary's longest."""
+        if self._longest_token is None:
+            tok = self.engine.llm.tokenizer
+            self._longest_token = max(len(tok.token_bytes(i)) for i in range(tok.vocab_size))
+        ctx = self.engine.llm.max_context
+        for text in texts:
+            size = len(text.encode("utf-8", "surrogatepass"))
+            if size > ctx * self._longest_token:
+                at_least = -(-size // self._longest_token)
+                raise APIError(
+                    400,
+                    f"the prompt is at least {at_least} tokens but the context holds {ctx}",
+                    param=param,
+                    code="context_length_exceeded",
+                )
 
     def admit(self) -> None:
         """503 when the waiting queue is full: sequences in flight beyond those running."""
