@@ -225,6 +225,13 @@ class ChatScreen(Screen):
     async def _cmd_stats(self, arg: str) -> None:
         self.stats_on = not self.stats_on
         self._show_stats()
+        info = self.session.info
+        bpw = (
+            "" if info.bits_per_weight is None else f", {info.bits_per_weight:.2f} bits per weight"
+        )
+        types = f" ({info.tensor_types})" if info.tensor_types else ""
+        panel = "shown" if self.stats_on else "hidden"
+        await self._notice(f"{info.name}: {info.quant}{bpw}{types}. Stats panel {panel}.")
 
     async def _cmd_help(self, arg: str) -> None:
         await self.query_one(ConversationPane).add(

@@ -14,7 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "system": ("[TEXT]", "set the system prompt (no TEXT: show it; '-' removes it)"),
     "set": ("NAME VALUE", f"sampling: {', '.join(SETTABLE)}"),
     "save": ("FILE", "write the transcript (.md or .json)"),
-    "stats": ("", "show or hide the stats panel"),
+    "stats": ("", "show or hide the stats panel; print the quantization and bits per weight"),
     "help": ("", "this help"),
 }
 KEYS = (

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from edgeinfer.engine.sampling import SamplingParams
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.eval.weights import bits_per_weight, type_counts
 
 # A chat reply with no cap could run until a 4k context fills; Esc stops one earlier.
 DEFAULT_MAX_TOKENS = 1024
@@ -38,6 +39,8 @@ class ModelInfo:
     threads: int
     max_context: int
     chat: bool  # False: a base model without a chat template, run as plain completion
+    bits_per_weight: float | None = None  # tensor data bits over weights, the whole file
+    tensor_types: str = ""  # e.g. "Q4_1 x 181, F32 x 61, Q8_0 x 31", most tensors first
 
 
 @dataclass(frozen=True)
@@ -225,6 +228,8 @@ def describe(llm, path: Path, name: str | None = None) -> ModelInfo:
         threads=llm.threads,
         max_context=llm.max_context,
         chat=llm.chat_template is not None,
+        bits_per_weight=bits_per_weight(llm.gguf),
+        tensor_types=", ".join(f"{t} x {n}" for t, n in type_counts(llm.gguf).items()),
     )
 
 
