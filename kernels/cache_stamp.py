@@ -6,40 +6,91 @@ alone (a `git pull` into an editable install) would leave the old compiled kerne
 import, a hash of every kernel source is compared with the one recorded beside the cache; when
 they differ, the cached kernels are removed and Numba compiles them again.
 
+The hash is of the code alone (its syntax tree without docstrings): a reworded comment or
+docstring leaves every other file's kernels cached (Numba's own timestamp check still recompiles
+the kernels of the file edited). Parsing every source costs more than the rest of the import, so
+the files' sizes and timestamps are recorded too: while they stay the same, nothing is parsed.
+
 Only the in-tree cache (`__pycache__` next to the sources, Numba's default) is checked: where it
 is not writable Numba caches elsewhere, and an install that cannot be written to is replaced
 whole, every file newer than its cache.
 """
 
+import ast
 import hashlib
 from pathlib import Path
 
 STAMP = "kernel-sources.sha256"
 
 
+def _without_docstrings(tree: ast.AST) -> ast.AST:
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
+            del body[0]
+    return tree
+
+
+def code_of(source: bytes) -> bytes:
+    """A Python file's code, without comments, docstrings or layout (its source as it is where
+    it does not parse)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return source
+    return ast.dump(_without_docstrings(tree)).encode()
+
+
+def _sources(package_dir: Path) -> list[Path]:
+    return sorted(package_dir.glob("*.py"))
+
+
 def sources_digest(package_dir: Path) -> str:
     h = hashlib.sha256()
-    for path in sorted(package_dir.glob("*.py")):
-        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for path in _sources(package_dir):
+        h.update(path.name.encode() + b"\0" + code_of(path.read_bytes()) + b"\0")
     return h.hexdigest()
 
 
+def _files(package_dir: Path) -> tuple[str, int]:
+    # -> (a hash of the sources' names, sizes and timestamps, the newest timestamp)
+    h, newest = hashlib.sha256(), 0
+    for path in _sources(package_dir):
+        st = path.stat()
+        h.update(f"{path.name}\0{st.st_size}\0{st.st_mtime_ns}\0".encode())
+        newest = max(newest, st.st_mtime_ns)
+    return h.hexdigest(), newest
+
+
 def refresh(package_dir: Path) -> bool:
-    """Drop package_dir's cached kernels if its sources changed since they were recorded
-    (or were never recorded); True when it dropped them."""
+    """Drop package_dir's cached kernels if its code changed since they were recorded
+    (or was never recorded); True when it dropped them."""
     cache = package_dir / "__pycache__"
     stamp = cache / STAMP
-    digest = sources_digest(package_dir)
+    files, newest = _files(package_dir)
     try:
-        if stamp.read_text() == digest:
-            return False
+        recorded = stamp.read_text().split()
+        # a file written in the clock tick the stamp was (timestamps are coarse) may have
+        # changed after it: only an older one is trusted on its timestamp (git's "racy" rule)
+        trusted = newest < stamp.stat().st_mtime_ns
     except OSError:
-        pass
+        recorded, trusted = [], False
+    if trusted and recorded[1:] == [files]:
+        return False
+    digest = sources_digest(package_dir)
+    dropped = recorded[:1] != [digest]
     try:
-        for entry in (*cache.glob("*.nbi"), *cache.glob("*.nbc")):
-            entry.unlink(missing_ok=True)
+        if dropped:
+            for entry in (*cache.glob("*.nbi"), *cache.glob("*.nbc")):
+                entry.unlink(missing_ok=True)
         cache.mkdir(exist_ok=True)
-        stamp.write_text(digest)
+        stamp.write_text(f"{digest}\n{files}\n")
     except OSError:
         return False  # not writable: Numba keeps its cache elsewhere
-    return True
+    return dropped

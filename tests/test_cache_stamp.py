@@ -1,6 +1,11 @@
-"""A change to any kernel source drops the cached kernels, not only a change to the file that
-defines them (Numba's own check)."""
+"""A change to any kernel source's code drops the cached kernels, not only a change to the file
+that defines them (Numba's own check); a change to its comments or docstrings does not."""
 
+import os
+
+import pytest
+
+from edgeinfer.kernels import cache_stamp
 from edgeinfer.kernels.cache_stamp import STAMP, refresh
 
 
@@ -30,6 +35,44 @@ def test_a_change_to_any_source_drops_the_cached_kernels(tmp_path):
     assert refresh(tmp_path)
     assert cached_files(cache) == []
     assert not refresh(tmp_path)
+
+
+def test_comments_and_docstrings_are_not_part_of_the_key(tmp_path):
+    shared = tmp_path / "shared.py"
+    shared.write_text('"""Helpers."""\n\n\ndef helper():\n    return 1  # one\n')
+    cache = tmp_path / "__pycache__"
+    cache.mkdir()
+    (cache / "unit.kernel-3.py311.nbi").write_bytes(b"compiled")
+    assert refresh(tmp_path)
+    (cache / "unit.kernel-3.py311.nbi").write_bytes(b"compiled")
+
+    shared.write_text(
+        '"""Helpers, reworded."""\n\n\ndef helper():\n    """Returns one."""\n'
+        "    # the first number\n    return 1  # 1\n"
+    )
+    assert not refresh(tmp_path)
+    assert cached_files(cache) == ["unit.kernel-3.py311.nbi"]
+    assert not refresh(tmp_path)
+
+    shared.write_text('"""Helpers."""\n\n\ndef helper():\n    return "1"  # one\n')
+    assert refresh(tmp_path)
+    assert cached_files(cache) == []
+
+
+def test_unchanged_files_are_not_parsed(tmp_path, monkeypatch):
+    source = tmp_path / "unit.py"
+    source.write_text("x = 1\n")
+    os.utime(source, ns=(10**18, 10**18))  # older than the stamp written next
+    assert refresh(tmp_path)
+
+    def no_parse(source):
+        raise AssertionError("parsed a file whose size and timestamp are as recorded")
+
+    monkeypatch.setattr(cache_stamp, "code_of", no_parse)
+    assert not refresh(tmp_path)
+    source.write_text("x = 2\n")
+    with pytest.raises(AssertionError, match="parsed"):
+        refresh(tmp_path)
 
 
 def test_a_cache_it_cannot_write_is_left_alone(tmp_path):
