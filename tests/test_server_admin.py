@@ -177,3 +177,19 @@ def test_sigterm_aborts_streams_and_exits_0(single):
     assert single.proc.wait(30) == 0
     assert time.monotonic() - t0 < 20
     assert "Finished server process" in single.output()
+
+
+def test_sigint_exits_0(model):
+    proc = ServerProcess(model, "--ctx", "128", warm=False)
+    try:
+        proc.proc.send_signal(signal.SIGINT)
+        assert proc.proc.wait(30) == 0
+    finally:
+        proc.close()
+
+
+def test_load_failure_exits_2(tmp_path):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 16)
+    with pytest.raises(RuntimeError, match="exited with 2"):
+        ServerProcess(bad, warm=False)
