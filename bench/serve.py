@@ -209,8 +209,8 @@ def run_server(server: Server, reqs, sizes, per_size, bias, limit_s) -> dict:
     return rows
 
 
-def soak(path: str, threads: int, reqs, bias, minutes: float) -> dict:
-    server = start_edgeinfer(path, threads, _ctx(reqs), 16)
+def soak(path: str, threads: int, reqs, ctx: int, bias, minutes: float) -> dict:
+    server = start_edgeinfer(path, threads, ctx, 16)
     try:
         asyncio.run(load(server.url, reqs[:1], 1, bias, 60))
         rss_start = server.rss()
@@ -282,8 +282,9 @@ def json_schema_cost(server: Server, n: int, max_tokens: int) -> dict:
     }
 
 
-def _ctx(reqs) -> int:
-    return max(len(p) + m for p, m in reqs) + 16
+def context(token_reqs) -> int:
+    """The context every request fits: its prompt tokens plus its output, plus a margin."""
+    return max(len(p) + m for p, m in token_reqs) + 16
 
 
 def markdown(report: dict) -> str:
@@ -351,17 +352,18 @@ def main() -> None:
     path = str(resolve_model(args.model))
     tok = Tokenizer.from_gguf(path)
     n = max(args.requests or 0, 2 * max(args.sizes), 8)
-    reqs = [(tok.decode(p), m) for p, m in workload(tok, args.max_output, n)]
+    token_reqs = workload(tok, args.max_output, n)
+    reqs = [(tok.decode(p), m) for p, m in token_reqs]
+    ctx = context(token_reqs)
     bias = {str(t): -100 for t in sorted(tok.eos_ids)}
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     if args.soak is not None:
-        result = soak(path, args.threads, reqs, bias, args.soak)
+        result = soak(path, args.threads, reqs, ctx, bias, args.soak)
         print(json.dumps(result, indent=1, default=float))
         return
 
     report = {"model": args.model, "threads": args.threads, "sizes": args.sizes, "servers": {}}
-    ctx = _ctx(reqs)
     starts = {
         "edgeinfer": lambda: start_edgeinfer(path, args.threads, ctx, max(args.sizes)),
         "llama-cpp-python": lambda: start_llama_cpp(path, args.threads, ctx),
