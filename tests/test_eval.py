@@ -261,12 +261,25 @@ def test_saved_logits_reference_matches_the_model_reference(small, tmp_path):
 def test_eval_cli_reference_report_and_user_errors(synthetic_model, tmp_path):
     q4, f32 = str(synthetic_model("llama", "Q4_0")), str(synthetic_model("llama", "F32"))
     text = tmp_path / "t.txt"
-    text.write_text(TEXT.read_text()[:4000])
-    r = edgeinfer("eval", q4, "--text", str(text), "--ctx", "64", "--reference", f32)
+    text.write_text(TEXT.read_text()[:2000])
+    r = edgeinfer("eval", q4, "--text", str(text), "--ctx", "64", "--reference", f32,
+                  "--chunks", "4")  # fmt: skip
     assert r.returncode == 0, r.stderr
     for line in ("Final estimate: PPL = ", "Mean PPL(Q)  ", "Mean    KLD: ", "99.0%   KLD: ",
                  "Same top p: ", "RMS Δp    : "):  # fmt: skip
         assert line in r.stdout, r.stdout
+    saved = tmp_path / "f32.logits"
+    r = edgeinfer("eval", f32, "--text", str(text), "--ctx", "64", "--save-logits", str(saved),
+                  "--chunks", "4")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    via_model = edgeinfer("eval", q4, "--text", str(text), "--ctx", "64", "--reference", f32,
+                          "--json", "--chunks", "4")  # fmt: skip
+    via_file = edgeinfer("eval", q4, "--reference", str(saved), "--json")  # tokens from the file
+    assert via_file.returncode == 0, via_file.stderr
+    a, b = json.loads(via_model.stdout), json.loads(via_file.stdout)
+    assert b["ctx"] == 64 and b["windows"] == a["windows"] == 4
+    assert b["kl"]["mean"] == pytest.approx(a["kl"]["mean"], rel=0.01)
+    one_error_line(edgeinfer("eval", q4, "--reference", str(saved), "--ctx", "32"), "--ctx 64")
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"\xff\xfe not utf-8")
     one_error_line(edgeinfer("eval", q4, "--text", str(bad), "--ctx", "64"), "not UTF-8")
