@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.eval.stats import log_sum_exp
 
 MAGIC = b"_logits_"
 RANGE = 16.0  # nats below the top log-probability that are resolved
@@ -38,12 +39,12 @@ def encode(logits: np.ndarray) -> np.ndarray:
     m, v = x.shape
     top = x.max(axis=1, keepdims=True)
     low = np.maximum(x.min(axis=1, keepdims=True), top - np.float32(RANGE))
-    lse = np.log(np.exp((x - top).astype(np.float64)).sum(axis=1, keepdims=True))
+    lse = (log_sum_exp(x)[:, None] - top).astype(np.float32)  # of x - top
     scale = (top - low) / np.float32(65535)
     out = np.zeros((m, row_width(v)), np.uint16)
     head = out[:, :4].view(np.float32)  # two float32 per row
     head[:, 0] = scale[:, 0]
-    head[:, 1] = (low - top - lse.astype(np.float32))[:, 0]
+    head[:, 1] = (low - top - lse)[:, 0]
     safe = np.where(scale > 0, scale, np.float32(1))
     # llama.cpp's nearest_int rounds half to even, as np.rint does
     q = np.rint((x - low) / safe)
