@@ -127,7 +127,11 @@ class Generation:
                     choice.num_cached_tokens = out.num_cached_tokens
                     if index % self._n == 0:  # the prompt is cached now: start its siblings
                         for sibling in range(index + 1, index + self._n):
-                            self._start(sibling)
+                            if self.aborted:  # shutting down: they never start
+                                self.choices[sibling].finish_reason = "abort"
+                                unfinished -= 1
+                            else:
+                                self._start(sibling)
                 if out.finished:
                     unfinished -= 1
                     choice.finish_reason = out.finish_reason
