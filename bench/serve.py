@@ -292,9 +292,9 @@ def markdown(report: dict) -> str:
         f"model {report['model']}, {report['threads']} threads, streamed /v1/completions, "
         f"greedy, EOS banned",
         "",
-        "| server | conc. | done | failed | out tok/s | req/s | TTFT mean/p50/p99 ms "
+        "| server | conc. | done | failed | not sent | out tok/s | req/s | TTFT mean/p50/p99 ms "
         "| TPOT mean/p50/p99 ms | ITL mean/p50/p99 ms | peak RSS MiB |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
 
     def f(d):
@@ -306,7 +306,7 @@ def markdown(report: dict) -> str:
             if r is None:
                 continue
             lines.append(
-                f"| {name} | {size} | {r['completed']} | {r['failed'] + r['not_sent']} "
+                f"| {name} | {size} | {r['completed']} | {r['failed']} | {r['not_sent']} "
                 f"| {r['output_tok_s']:.1f} | {r['req_s']:.2f} | {f(r['ttft_ms'])} "
                 f"| {f(r['tpot_ms'])} | {f(r['itl_ms'])} | {r['peak_rss_mib']:.0f} |"
             )
@@ -314,7 +314,7 @@ def markdown(report: dict) -> str:
         theirs = report["servers"].get("llama-cpp-python", {}).get(size)
         if ours and theirs and theirs["output_tok_s"]:
             ratio = ours["output_tok_s"] / theirs["output_tok_s"]
-            lines.append(f"| ratio | {size} | | | {ratio:.2f}x | | | | | |")
+            lines.append(f"| ratio | {size} | | | | {ratio:.2f}x | | | | | |")
     base, http1 = report.get("run_c1"), report["servers"].get("edgeinfer", {}).get(1)
     if base and http1:
         lines += [
