@@ -8,8 +8,8 @@
     embedding(w, ids) # w: [vocab, dim], ids: int[n] -> float32[n, dim]
     set_threads(n) / get_threads()
 
-One unit per GGML type lives in its own module and registers itself in `registry` (see its
-docstring for the unit interface).
+One unit per GGML type, built by its family's module (floats, legacy, kquants) and registered
+in `registry` (see its docstring for the unit interface).
 """
 
 if __name__ != "edgeinfer.kernels":

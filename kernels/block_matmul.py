@@ -65,8 +65,7 @@ def row_offset(starts, ends, r, row_bytes):
 # ends = [rows]), x: [n, in] float32 -> out: [n, sum of the parts' rows]: several weights of one
 # type and input size (Q, K and V) in one launch. x is quantized to int8 blocks of `block`
 # values with sums per `sum_group` (0: none), held as q_type (see act_quant); a weight row is
-# in // block blocks of block_bytes. Inlined into each unit's own kernel (see matmul.each_row
-# for why not passed to a jitted one).
+# in // block blocks of block_bytes. Inlined into each unit's own kernel (units.build).
 @njit(cache=True, inline="always")
 def block_matmul(
     block_dot, flat, starts, ends, halves, x, out, block, block_bytes, sum_group, q_type

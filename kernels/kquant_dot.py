@@ -32,12 +32,15 @@ from .simd import (
     _pair_sums,
     _pick,
     _ptr,
+    _read_half,
     _scaled,
     _splat,
     _vec,
 )
 
 GROUPS, GROUP = 8, 32  # 32-weight groups per super-block
+QK_K = GROUPS * GROUP
+SUM_GROUP = 16  # activation sums per 16 values: the finest scale group of any K-quant
 
 
 class Field(NamedTuple):
@@ -166,24 +169,26 @@ def _packed6(builder, b):
 def _half_times(context, builder, w_type, w, off, at, halves_type, halves, dx):
     # the float16 at w[off + at], read through halves (floatbits.HALF_TABLE), times dx
     ptr = _ptr(context, builder, w_type, w, builder.add(off, ir.Constant(off.type, at)))
-    bits = builder.zext(_load(builder, ptr, _I16), off.type)
-    return builder.fmul(builder.load(_ptr(context, builder, halves_type, halves, bits)), dx)
+    return builder.fmul(_read_half(context, builder, ptr, halves_type, halves), dx)
 
 
 def super_block_dot(layout: Layout):
-    """-> intrinsic dot(acc, w, off, x, xi, xs, xsi, dx, halves, one): acc[0:8] += partial sums
-    of d * dx * sum_j sc_j * sum((q - offset) * x) - dmin * dx * sum_j m_j * sum(x) over the
-    super-block at w[off:] (j: its 16-weight sub-blocks; d, dmin: its float16 scales, read
-    through halves, floatbits.HALF_TABLE), with x[xi:xi+256] int8 activations and
-    xs[xsi:xsi+16] their sums per 16; one: floatbits.opaque_one."""
+    """-> intrinsic dot(acc, w, off, x, xs, b, dx, halves, one), a block dot product for
+    block_matmul: acc[0:8] += partial sums of d * dx * sum_j sc_j * sum((q - offset) * x) -
+    dmin * dx * sum_j m_j * sum(x) over the super-block at w[off:] (j: its 16-weight sub-blocks;
+    d, dmin: its float16 scales, read through halves, floatbits.HALF_TABLE), with
+    x[256 * b : 256 * (b + 1)] int8 activations and xs[16 * b : 16 * (b + 1)] their sums per 16;
+    one: floatbits.opaque_one. Returns 0 (no scalar part)."""
     assert layout.scales in SCALE_SOURCES, layout.scales
     assert (layout.dmin_at is not None) == (layout.scales in _WITH_MINS), layout
 
     @intrinsic
-    def dot(typingctx, acc, w, off, x, xi, xs, xsi, dx, halves, one):
+    def dot(typingctx, acc, w, off, x, xs, b, dx, halves, one):
         def codegen(context, builder, sig, args):
-            acc, w, off, x, xi, xs, xsi, dx, halves, one = args
-            w_type, halves_type = sig.args[1], sig.args[8]
+            acc, w, off, x, xs, b, dx, halves, one = args
+            w_type, halves_type = sig.args[1], sig.args[7]
+            xi = builder.mul(b, ir.Constant(b.type, QK_K))
+            xsi = builder.mul(b, ir.Constant(b.type, QK_K // SUM_GROUP))
 
             def times_dx(at):
                 return _half_times(context, builder, w_type, w, off, at, halves_type, halves, dx)
@@ -201,7 +206,7 @@ def super_block_dot(layout: Layout):
                 part = _pair_sums(builder, _byte_pair_sums(builder, q, xv, one), group_scales)
                 total = part if total is None else builder.add(total, part)
             if layout.offset or mins is not None:
-                sums = _load(builder, _ptr(context, builder, sig.args[5], xs, xsi), _vec(_I32, 16))
+                sums = _load(builder, _ptr(context, builder, sig.args[4], xs, xsi), _vec(_I32, 16))
             if layout.offset:
                 offset = _splat(builder, ir.Constant(_I32, layout.offset), LANES)
                 total = builder.sub(total, builder.mul(_per_16(builder, sc, sums), offset))
@@ -210,9 +215,10 @@ def super_block_dot(layout: Layout):
                 min_scale = builder.fneg(times_dx(layout.dmin_at))
                 parts.append(_scaled(builder, _per_16(builder, mins, sums), min_scale))
             _add_to(context, builder, sig.args[0], acc, parts)
-            return context.get_dummy_value()
+            return context.get_constant(types.float32, 0.0)
 
-        return types.void(acc, w, off, x, xi, xs, xsi, types.float32, halves, types.uint8), codegen
+        f32, u8 = types.float32, types.uint8
+        return f32(acc, w, off, x, xs, b, f32, halves, u8), codegen
 
     return dot
 

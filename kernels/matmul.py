@@ -9,7 +9,6 @@ from numba import njit, prange
 
 from . import threads
 from .block_matmul import LINE, Fused, PartsKernel, row_offset
-from .floatbits import HALF_TABLE
 from .simd import DOT_COLS, DOT_ROWS, dot_tile, prefetch
 from .weight import QuantWeight, stack_rows
 
@@ -44,33 +43,13 @@ def _tile_tokens(k):
     return max(DOT_COLS, DOT_COLS * (TILE_X_BYTES // (4 * DOT_COLS * k)))
 
 
-# dequantize_row: a unit's serial (raw u8[row_bytes], halves, out f32[in]) -> None, halves:
-# floatbits.HALF_TABLE (the blocks' float16 scales read through it: one load instead of a dozen
-# bit operations, each 32 weights for the legacy types); raw: [rows, row_bytes] -> out:
-# [rows, in]. Inlined into each unit's own kernel: a jitted function passed as an argument
-# would key Numba's disk cache on its address, missing on every start.
-@njit(cache=True, inline="always")
-def each_row(dequantize_row, raw, halves, out):
-    for r in prange(raw.shape[0]):
-        dequantize_row(raw[r], halves, out[r])
-
-
-def with_halves(kernel: Callable) -> Callable:
-    """kernel(raw, halves, *rest), a unit's jitted kernel built on its dequantize_row -> the
-    unit-interface f(raw, *rest), with floatbits.HALF_TABLE passed (an argument, not a constant
-    compiled into every kernel: see floatbits)."""
-
-    def call(raw, *rest):
-        kernel(raw, HALF_TABLE, *rest)
-
-    return call
-
-
 # flat, starts, ends: one or more weights' bytes (block_matmul.row_offset: Q, K and V in one
 # launch), x: [n, in] -> out: [n, sum of the parts' rows]; a row is in // block blocks of
-# block_bytes. Each prange item dequantizes _tile_rows rows into a float buffer, so W is
-# unpacked once for all n, then multiplies (_tile_products); the rows PREFETCH_ROWS_AHEAD
-# ahead are hinted meanwhile, line by line. Inlined like `each_row`.
+# block_bytes, dequantized by dequantize_row (a unit's serial (raw u8[row_bytes], halves,
+# out f32[in]) -> None; halves: floatbits.HALF_TABLE, for the blocks' float16 scales). Each
+# prange item dequantizes _tile_rows rows into a float buffer, so W is unpacked once for all n,
+# then multiplies (_tile_products); the rows PREFETCH_ROWS_AHEAD ahead are hinted meanwhile,
+# line by line. Inlined into each unit's kernel (units.build).
 @njit(cache=True, inline="always")
 def row_tile_matmul(dequantize_row, flat, starts, ends, halves, x, out, block, block_bytes):
     rows = ends[ends.shape[0] - 1]
@@ -105,7 +84,7 @@ class RowTile(PartsKernel):
 # n = 9 to 512 and level or faster at n = 1 to 4 (Q4_1 [3072, 576], [576, 1536] and [576, 576],
 # in-process A/B, 2 threads): a body of loads and FMAs over running pointers, and at an odd n
 # no activation row computed twice. Compiled on its own, not inlined into the units'
-# kernels: next to the legacy types' straight-line block dequantization (simd.dequant_u4) the
+# kernels: next to the legacy types' straight-line block dequantization (kernels.legacy) the
 # loops ran 15-20 % slower at n >= 32 (in-process A/B, Q4_1 [3072, 576]); apart, every unit
 # times the same as inlined or better.
 @njit(cache=True)

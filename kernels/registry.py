@@ -1,16 +1,15 @@
 """One kernel unit per GGML tensor type, keyed by `GGMLQuantizationType`.
 
-A unit module (`kernels/q4_0.py`, `kernels/q4_k.py`, ...) builds one `QuantType` and calls
-`register(UNIT)` at import time; `get_unit(qtype)` imports every module in `UNIT_MODULES` on
-first use, so `import edgeinfer.kernels` stays cheap and adding a type is one new file plus one
-name here.
+The units are built by family modules (`floats`: F32, F16, BF16; `legacy`: Q4_0 ... Q8_0;
+`kquants`: Q2_K ... Q6_K), each type's row dequantizer and block dot product there and its
+parallel kernels made by `units.build`, which registers them. `get_unit(qtype)` imports every
+module in `UNIT_MODULES` on first use, so `import edgeinfer.kernels` stays cheap.
 
-Unit interface (what a unit module provides):
+Unit interface (a `QuantType`):
 
 - `block_size`, `type_size`: elements and bytes per block (`gguf.GGML_QUANT_SIZES`).
-- `dequantize_rows(raw, out)`: a `@njit(parallel=True, cache=True)` kernel (through
-  `kernels.matmul.with_halves`; plain numpy for F32); raw: uint8[rows, row_bytes]
-  (C-contiguous), out: float32[rows, cols] -> None.
+- `dequantize_rows(raw, out)`: a `@njit(parallel=True, cache=True)` kernel (plain numpy for
+  F32); raw: uint8[rows, row_bytes] (C-contiguous), out: float32[rows, cols] -> None.
   Bit-exact with `gguf.quants.dequantize`: compute exactly its float32 expression (no fastmath,
   no FMA contraction). The generic large-n matmul and `embedding` are built on it.
 - `repack(raw) -> tuple[np.ndarray, ...]`: load-time layout for the small-n kernel, called once per
@@ -21,25 +20,22 @@ Unit interface (what a unit module provides):
   float; packed: the tuple from `repack`, x: float32[n, in] (C), out: float32[n, out] (C) -> None.
   Multi-threaded with prange (the caller has applied the `kernels.threads` knob); BLAS-backed
   work is split with `kernels.threads.run_split` (BLAS itself runs single-threaded).
-  The quantized units build it on `kernels.block_matmul` (int8 activations, one dot product per
-  block written by the unit), as a `block_matmul.Fused`, whose `bind(packed)` gives
-  `bind_small` the compiled kernel with the weight's arguments bound.
+  The quantized units' is `kernels.block_matmul` (int8 activations, one dot product per block
+  written by the type), a `block_matmul.Fused`, whose `bind(packed)` gives `bind_small` the
+  compiled kernel with the weight's arguments bound.
 - `small_n_max`: largest n routed to `matmul_small` (matmul_small None: no fused kernel).
   Set it from measurement: the n where `matmul_rows` becomes faster.
-- `dequantize_row(raw, halves, out)`: serial `@njit(cache=True)`, raw: uint8[row_bytes] (one
-  row), halves: `floatbits.HALF_TABLE` (for float16 scales), out: float32[cols] -> None, bit-exact
-  like `dequantize_rows`. Units build `dequantize_rows` and `matmul_rows` on it with
-  `kernels.matmul.each_row` / `row_tile_matmul`, inlined into `@njit(parallel=True, cache=True)`
-  functions of their own (so Numba's disk cache keys them) that take the table after the weight
-  arguments; `kernels.matmul.with_halves` and `kernels.matmul.RowTile` pass it and give them the
-  signatures below.
 - `matmul_rows(parts, x, out)`: mid-n matmul on the raw bytes (parts: (flat, starts, ends), a
   weight's `row_parts` or several weights' `weight.stack_rows`, x: float32[n, in] (C),
   out: float32[n, out] (C) -> None), a `kernels.matmul.RowTile`, for small_n_max < n <=
   `rows_n_max`; larger n go to the generic path in `kernels/matmul.py` (dequantize cache-sized
   row tiles with `dequantize_rows`, multiply with BLAS). Every unit has one: it also serves every
   n of the row-wise (batch-invariant) path, so each output row must be computed on its own, its
-  bits independent of n and of the threads (`row_tile_matmul` does that).
+  bits independent of n and of the threads (`matmul.row_tile_matmul` does that).
+
+`dequantize_rows` and `matmul_rows` are built on the type's serial row dequantizer
+(`dequantize_row(raw u8[row_bytes], halves, out f32[cols])`, halves: `floatbits.HALF_TABLE`, for
+float16 scales), bit-exact like `dequantize_rows`.
 """
 
 from __future__ import annotations
@@ -54,22 +50,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from edgeinfer.errors import EdgeInferError
 
-# Unit modules in this package; each registers the types it implements when imported.
-UNIT_MODULES = (
-    "f32",
-    "f16",
-    "bf16",
-    "q4_0",
-    "q4_1",
-    "q5_0",
-    "q5_1",
-    "q8_0",
-    "q2_k",
-    "q3_k",
-    "q4_k",
-    "q5_k",
-    "q6_k",
-)
+# The modules that build units; each registers the types it implements when imported.
+UNIT_MODULES = ("floats", "legacy", "kquants")
 
 
 def _identity_repack(raw: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -86,9 +68,7 @@ class QuantType:
     repack: Callable = _identity_repack  # (raw u8[out, row_bytes]) -> packed tuple
     small_n_max: int = 16
     matmul_rows: Callable | None = None  # ((flat, starts, ends), x f32[n, in], out f32[n, out])
-    # Above this BLAS on dequantized tiles wins: measured n = 64-128 on SmolLM2's [1536, 576] and
-    # [576, 1536] weights, 32-64 on [1024, 4096] (CPU time, 1 thread, every quantized type).
-    rows_n_max: int = 64
+    rows_n_max: int = 64  # above it, BLAS on dequantized tiles is faster
 
     def __post_init__(self):
         if (self.block_size, self.type_size) != GGML_QUANT_SIZES[self.qtype]:

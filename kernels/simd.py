@@ -235,49 +235,10 @@ def read_u16(typingctx, w, i):
     return types.uint32(w, i), codegen
 
 
-@intrinsic
-def dot_i8(typingctx, acc, w, wi, x, xi, scale):
-    """acc[0:8] += scale * partial sums of dot(w[wi:wi+32], x[xi:xi+32]); w, x: int8."""
-
-    def codegen(context, builder, sig, args):
-        acc, w, wi, x, xi, scale = args
-        wv = _load(builder, _ptr(context, builder, sig.args[1], w, wi), _vec(_I8, 32))
-        xv = _activations(context, builder, sig.args[3], x, xi)
-        _accumulate_dot(context, builder, sig.args[0], acc, wv, xv, scale)
-        return context.get_dummy_value()
-
-    return types.void(acc, w, wi, x, xi, types.float32), codegen
-
-
-@intrinsic
-def dot_u4(typingctx, acc, w, wi, x, xi, minus, scale, one):
-    """acc[0:8] += scale * partial sums of (dot(q, x[xi:xi+32]) - minus), where q are the 32
-    nibbles of the 16 bytes w[wi:wi+16] (low nibbles first), x is int8 and minus an int32 (the
-    offset's share); one: floatbits.opaque_one."""
-
-    def codegen(context, builder, sig, args):
-        acc, w, wi, x, xi, minus, scale, one = args
-        q = _nibbles(builder, _ptr(context, builder, sig.args[1], w, wi))
-        xv = _activations(context, builder, sig.args[3], x, xi)
-        _accumulate_bytes(context, builder, sig.args[0], acc, q, xv, minus, scale, one)
-        return context.get_dummy_value()
-
-    return types.void(acc, w, wi, x, xi, types.int32, types.float32, types.uint8), codegen
-
-
-@intrinsic
-def dot_u5(typingctx, acc, w, wi, hi, x, xi, minus, scale, one):
-    """As dot_u4, with bit j of the little-endian uint32 at w[hi:hi+4] as bit 4 of nibble j."""
-
-    def codegen(context, builder, sig, args):
-        acc, w, wi, hi, x, xi, minus, scale, one = args
-        q = _fifth_bits(builder, *(_ptr(context, builder, sig.args[1], w, i) for i in (wi, hi)))
-        xv = _activations(context, builder, sig.args[4], x, xi)
-        _accumulate_bytes(context, builder, sig.args[0], acc, q, xv, minus, scale, one)
-        return context.get_dummy_value()
-
-    i32, f32, u8 = types.int32, types.float32, types.uint8
-    return types.void(acc, w, wi, hi, x, xi, i32, f32, u8), codegen
+def _read_half(context, builder, ptr, halves_type, halves):
+    # the float16 at ptr (a byte pointer), read through halves (floatbits.HALF_TABLE)
+    bits = builder.zext(_load(builder, ptr, _I16), ir.IntType(64))
+    return builder.load(_ptr(context, builder, halves_type, halves, bits))
 
 
 def _store_dequantized(builder, ptr, q, minus, d, m):
@@ -316,26 +277,6 @@ def _dequant_nibbles(builder, src, dst, n_bytes, minus, low, high, shift):
         hi = builder.lshr(b, _i32_lanes(4)) if shift else builder.and_(b, _i32_lanes(0xF0))
         for q, at, (d, m) in ((lo, first, low), (hi, n_bytes + first, high)):
             _store_dequantized(builder, builder.gep(dst, [ir.Constant(_I32, at)]), q, minus, d, m)
-
-
-@intrinsic
-def dequant_u4(typingctx, w, wi, minus, d, m, out, oi):
-    """out[oi : oi + 32] = d * (q - minus) + m (no `+ m` where m is None), q the 32 nibbles of
-    the 16 bytes w[wi:wi+16] (low nibbles first): a 4-bit block in straight-line vector code
-    (Numba's loop over it ran vector bodies of 8 behind runtime checks: a Q4_1 row 1.7x
-    slower)."""
-    has_min = not isinstance(m, types.NoneType)
-
-    def codegen(context, builder, sig, args):
-        w, wi, minus, d, m, out, oi = args
-        src = _ptr(context, builder, sig.args[0], w, wi)
-        dst = _ptr(context, builder, sig.args[5], out, oi)
-        scale = (d, m if has_min else None)
-        _dequant_nibbles(builder, src, dst, 16, minus, scale, scale, shift=True)
-        return context.get_dummy_value()
-
-    f32 = types.float32
-    return types.void(w, wi, types.int32, f32, f32 if has_min else m, out, oi), codegen
 
 
 @intrinsic
@@ -420,37 +361,6 @@ def dequant_u5_sub(typingctx, w, q_at, shift, h_at, bit, d, m, out, oi):
 
     i, f32 = types.intp, types.float32
     return types.void(w, q_at, i, h_at, i, f32, f32, out, oi), codegen
-
-
-@intrinsic
-def dequant_u5(typingctx, w, wi, hi, minus, d, m, out, oi):
-    """As dequant_u4, with bit j of the little-endian uint32 at w[hi:hi+4] as bit 4 of nibble
-    j."""
-    has_min = not isinstance(m, types.NoneType)
-
-    def codegen(context, builder, sig, args):
-        w, wi, hi, minus, d, m, out, oi = args
-        q = _fifth_bits(builder, *(_ptr(context, builder, sig.args[0], w, i) for i in (wi, hi)))
-        ptr = _ptr(context, builder, sig.args[6], out, oi)
-        _store_dequantized(builder, ptr, q, minus, d, m if has_min else None)
-        return context.get_dummy_value()
-
-    f32 = types.float32
-    return types.void(w, wi, hi, types.int32, f32, f32 if has_min else m, out, oi), codegen
-
-
-@intrinsic
-def dequant_i8(typingctx, w, wi, d, out, oi):
-    """out[oi : oi + 32] = d * q, q the int8 bytes w[wi:wi+32]."""
-
-    def codegen(context, builder, sig, args):
-        w, wi, d, out, oi = args
-        q = _load(builder, _ptr(context, builder, sig.args[0], w, wi), _vec(_I8, 32))
-        ptr = _ptr(context, builder, sig.args[3], out, oi)
-        _store_dequantized(builder, ptr, q, ir.Constant(_I32, 0), d, None)
-        return context.get_dummy_value()
-
-    return types.void(w, wi, types.float32, out, oi), codegen
 
 
 def _vector_fma(builder, lanes):

@@ -232,45 +232,6 @@ def test_act_quant_round_trip_and_sums(block, sum_group, q_type):
         assert sums.shape == (3, 0)
 
 
-def check_row_tile_matmul(data: np.ndarray, qtype, out_dim: int, in_dim: int, rng) -> None:
-    """The batched-decode kernel (`matmul_rows`) of a unit on `data` [out_dim, in_dim]: accurate
-    at every n of its range, and a row's bits independent of the other rows, of n and of the
-    thread count (what a continuous-batching engine relies on)."""
-    w = kernels.QuantWeight.from_raw(data, qtype, (out_dim, in_dim))
-    wf = gguf_dequantize(data, qtype).reshape(out_dim, in_dim).astype(np.float64)
-    x = rng.standard_normal((w.unit.rows_n_max, in_dim)).astype(np.float32)
-
-    def rows(xs):
-        out = np.full((xs.shape[0], out_dim), np.nan, np.float32)
-        w.unit.matmul_rows(w.row_parts, np.ascontiguousarray(xs), out)
-        return out
-
-    full = rows(x)
-    want = x.astype(np.float64) @ wf.T
-    err = float(((full - want) ** 2).sum() / (want**2).sum())
-    assert err <= 5e-4, f"{qtype.name} row tiles {out_dim}x{in_dim}: NMSE {err:.2e}"
-    for n in (1, 2, 5, 16, 33):
-        assert np.array_equal(rows(x[:n]), full[:n]), f"{qtype.name} n={n}"
-    assert np.array_equal(rows(x[7:12]), full[7:12])
-    # the engine's path for every row (the row-tile or the fused kernel, per unit): a row's bits
-    # whatever shares the call, also past rows_n_max, where the path chosen by n takes BLAS
-    many = np.concatenate([x, x[::-1], x])
-    row_wise = kernels.matmul(many, w, row_wise=True)
-    for lo, hi in ((0, 1), (0, 3), (0, 16), (5, 9), (60, 150)):
-        assert np.array_equal(kernels.matmul(many[lo:hi], w, row_wise=True), row_wise[lo:hi])
-    # the dispatch for every n the unit routes to the row-tile kernel
-    lo = w.unit.small_n_max + 1 if w.unit.matmul_small is not None else 1
-    for n in range(lo, w.unit.rows_n_max + 1, 5):
-        assert np.array_equal(kernels.matmul(x[:n], w), full[:n]), f"{qtype.name} n={n}"
-    before = kernels.get_threads()
-    try:
-        kernels.set_threads(1)
-        assert np.array_equal(rows(x), full)
-        assert np.array_equal(kernels.matmul(many, w, row_wise=True), row_wise)
-    finally:
-        kernels.set_threads(before)
-
-
 def test_linear_fast_path_matches_the_general_path():
     # Decode-sized calls skip kernels.matmul's checks; an input the fused kernel cannot take as
     # it is (strided, float64) must still get the same numbers through the general path.

@@ -29,8 +29,8 @@ def probe(name: str, args: list) -> tuple[ir.Module, list, ir.IRBuilder]:
 
 
 def block_dots_module() -> ir.Module:
-    """One function doing what dot_i8 (16-bit products) and prefetch do to a block, on raw
-    pointers."""
+    """One function doing what Q8_0's block dot product (kernels.legacy.block_dot: 16-bit
+    products) and prefetch do to a block, on raw pointers."""
     p8 = I8.as_pointer()
     mod, (w, x, acc, scale), b = probe("dots", [p8, p8, F32.as_pointer(), F32])
     xv = b.load(b.bitcast(x, simd._vec(I16, 32).as_pointer()), align=1)
@@ -52,8 +52,8 @@ def block_dots_module() -> ir.Module:
 def byte_products_module() -> ir.Module:
     """What kquant_dot.super_block_dot does to a group: 4-bit unsigned fields (a constant mask,
     so the optimizer knows their bounds) times int8 activations, then times an integer scale;
-    `one` is the 1 it cannot see, as the kernels pass it (dot_u4 and dot_u5 widen by it the
-    same way)."""
+    `one` is the 1 it cannot see, as the kernels pass it (the 4- and 5-bit legacy block dot
+    products widen by it the same way)."""
     p8 = I8.as_pointer()
     mod, (w, x, out, one, scale), b = probe("byte_products", [p8, p8, I32.as_pointer(), I8, I16])
     fifteen = simd._splat(b, ir.Constant(I8, 15), 32)
@@ -66,8 +66,8 @@ def byte_products_module() -> ir.Module:
 
 
 def fifth_bits_module() -> ir.Module:
-    """What dot_u5 does to a block: 5-bit fields from nibbles and a 32-bit mask of fifth bits,
-    times int8 activations as byte products."""
+    """What a 5-bit legacy block's dot product does to it: 5-bit fields from nibbles and a
+    32-bit mask of fifth bits, times int8 activations as byte products."""
     p8 = I8.as_pointer()
     mod, (w, hi, x, out, one), b = probe("fifth_bits", [p8, p8, p8, I32.as_pointer(), I8])
     q = simd._fifth_bits(b, w, hi)
@@ -79,7 +79,7 @@ def fifth_bits_module() -> ir.Module:
 
 
 def dequant_module() -> ir.Module:
-    """What dequant_u5 does to a block with a min (dequant_u4 and dequant_i8 are its parts):
+    """What kernels.legacy.block_dequantizer does to a Q5_1 block (Q8_0's is a part of it):
     5-bit fields from nibbles and a bit mask, to float32 times a scale plus a min."""
     p8 = I8.as_pointer()
     mod, (w, hi, out, d, m), b = probe("dequant", [p8, p8, F32.as_pointer(), F32, F32])
@@ -90,9 +90,10 @@ def dequant_module() -> ir.Module:
 
 
 def nibbles_module(shift: bool) -> ir.Module:
-    """4-bit fields widened 8 bytes at a time, to float32 times a scale: what dequant_u4 does to
-    a Q4_0 block (16 bytes, an offset, high nibbles shifted down), or dequant_u4_pair to a
-    K-quant's two sub-blocks (32 bytes, a min each, high nibbles in place)."""
+    """4-bit fields widened 8 bytes at a time, to float32 times a scale: what the legacy block
+    dequantizer does to a Q4_0 block (16 bytes, an offset, high nibbles shifted down), or
+    dequant_u4_pair to a K-quant's two sub-blocks (32 bytes, a min each, high nibbles in
+    place)."""
     p8 = I8.as_pointer()
     mod, (w, out, d, m), b = probe("nibbles", [p8, F32.as_pointer(), F32, F32])
     if shift:

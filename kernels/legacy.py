@@ -1,0 +1,165 @@
+"""The legacy quantized units: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, blocks of 32 weights with a float16
+scale d at byte 0, and what `Block` says of the rest.
+
+4-bit quants: byte j of 16 holds element j (low nibble) and element j + 16 (high nibble).
+5-bit quants: those nibbles, plus bit j of a little-endian uint32 qh as bit 4 of element j.
+8-bit quants: 32 int8. w = d * (q - offset), or d * q + m for the types with a float16 min m.
+
+From a type's `Block`, the block's dequantizer and its dot product for the fused small-n kernel
+(`block_matmul`), built as LLVM IR from `simd`'s parts: x is quantized to int8 blocks of 32 with
+their sums (int16 blocks, no sums, for Q8_0), and a block's offset folds out of its integer dot
+product as offset * sum(xq), its min out of the float sum as m * dx * sum(xq).
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from .simd import (
+    _I8,
+    _I32,
+    _accumulate_bytes,
+    _accumulate_dot,
+    _activations,
+    _dequant_nibbles,
+    _fifth_bits,
+    _load,
+    _nibbles,
+    _ptr,
+    _read_half,
+    _store_dequantized,
+    _vec,
+)
+from .units import build, jit_copy
+
+T = GGMLQuantizationType
+BLOCK = 32
+
+
+class Block(NamedTuple):
+    """A legacy block after its scale d (bytes 0-1): `bits`-bit quants at byte qs_at (for 5 bits,
+    their fifth bits at qh_at), a float16 min at min_at (0: none), an offset subtracted from
+    every q."""
+
+    bits: int
+    qs_at: int
+    qh_at: int = 0
+    min_at: int = 0
+    offset: int = 0
+
+
+def _quants(builder, block: Block, at):
+    # -> <32 x i8>: the block's q (at(k): a pointer to its byte k), nibbles low ones first
+    if block.bits == 4:
+        return _nibbles(builder, at(block.qs_at))
+    if block.bits == 5:
+        return _fifth_bits(builder, at(block.qs_at), at(block.qh_at))
+    return _load(builder, at(block.qs_at), _vec(_I8, 32))
+
+
+def block_dequantizer(block: Block):
+    """-> intrinsic dequant(w, i, halves, out, o): out[o : o + 32] = the block at w[i:] as gguf
+    computes it, d * (q - offset) (+ m), each operation rounded as written (halves:
+    floatbits.HALF_TABLE, for d and m). Straight-line vector code: Numba's loop over a block
+    would run vector bodies behind runtime checks."""
+
+    @intrinsic
+    def dequant(typingctx, w, i, halves, out, o):
+        def codegen(context, builder, sig, args):
+            w, i, halves, out, o = args
+
+            def at(k):
+                k = ir.Constant(i.type, k)
+                return _ptr(context, builder, sig.args[0], w, builder.add(i, k))
+
+            def half(k):
+                return _read_half(context, builder, at(k), sig.args[2], halves)
+
+            d = half(0)
+            m = half(block.min_at) if block.min_at else None
+            dst = _ptr(context, builder, sig.args[3], out, o)
+            minus = ir.Constant(_I32, block.offset)
+            if block.bits == 4:
+                _dequant_nibbles(builder, at(block.qs_at), dst, 16, minus, (d, m), (d, m), True)
+            else:
+                _store_dequantized(builder, dst, _quants(builder, block, at), minus, d, m)
+            return context.get_dummy_value()
+
+        return types.void(w, i, halves, out, o), codegen
+
+    return dequant
+
+
+def block_dot(block: Block):
+    """-> intrinsic dot(acc, w, off, x, xs, b, dx, halves, one), a block dot product for
+    block_matmul: acc[0:8] += partial sums of d * dx * (sum(q * x) - offset * xs[b]) for the
+    block at w[off:] and the activations x[32 * b : 32 * (b + 1)] (int8 as bytes, unsigned q;
+    int16 for 8-bit q), xs[b] their sum; returns the min's share m * dx * xs[b] (0: none).
+    halves: floatbits.HALF_TABLE; one: floatbits.opaque_one (see simd._byte_pair_sums)."""
+
+    @intrinsic
+    def dot(typingctx, acc, w, off, x, xs, b, dx, halves, one):
+        def codegen(context, builder, sig, args):
+            acc, w, off, x, xs, b, dx, halves, one = args
+
+            def at(k):
+                k = ir.Constant(off.type, k)
+                return _ptr(context, builder, sig.args[1], w, builder.add(off, k))
+
+            def half(k):
+                return _read_half(context, builder, at(k), sig.args[7], halves)
+
+            def x_sum():
+                return builder.load(_ptr(context, builder, sig.args[4], xs, b))
+
+            scale = builder.fmul(half(0), dx)
+            xi = builder.mul(b, ir.Constant(b.type, BLOCK))
+            xv = _activations(context, builder, sig.args[3], x, xi)
+            q = _quants(builder, block, at)
+            if block.bits == 8:
+                _accumulate_dot(context, builder, sig.args[0], acc, q, xv, scale)
+            else:
+                minus = ir.Constant(_I32, 0)
+                if block.offset:
+                    minus = builder.mul(x_sum(), ir.Constant(_I32, block.offset))
+                _accumulate_bytes(context, builder, sig.args[0], acc, q, xv, minus, scale, one)
+            if not block.min_at:
+                return ir.Constant(ir.FloatType(), 0.0)
+            m_dx = builder.fmul(half(block.min_at), dx)
+            return builder.fmul(m_dx, builder.sitofp(x_sum(), ir.FloatType()))
+
+        f32, u8 = types.float32, types.uint8
+        return f32(acc, w, off, x, xs, b, f32, halves, u8), codegen
+
+    return dot
+
+
+TYPE_SIZE, DEQUANTIZE_BLOCK = 0, None  # _dequantize_row's globals, set per type
+
+
+# raw: [nb * TYPE_SIZE] (one row) -> out: [nb * 32] (a template: see units.jit_copy)
+def _dequantize_row(raw, halves, out):
+    for b in range(raw.shape[0] // TYPE_SIZE):
+        DEQUANTIZE_BLOCK(raw, b * TYPE_SIZE, halves, out, b * BLOCK)
+
+
+def legacy_unit(qtype: GGMLQuantizationType, block: Block, small_n_max: int):
+    row_globals = dict(
+        TYPE_SIZE=GGML_QUANT_SIZES[qtype][1], DEQUANTIZE_BLOCK=block_dequantizer(block)
+    )
+    row = jit_copy(_dequantize_row, f"{qtype.name.lower()}_row", row_globals)
+    # 8-bit q: 16-bit products, and neither offset nor min to fold out with sums
+    acts = (0, np.int16) if block.bits == 8 else (BLOCK, np.int8)
+    return build(qtype, row, block_dot(block), *acts, small_n_max=small_n_max)
+
+
+# small_n_max: where the row-tile kernel becomes faster (Q8_0's 16-bit products keep up longest)
+Q4_0 = legacy_unit(T.Q4_0, Block(4, qs_at=2, offset=8), small_n_max=7)
+Q4_1 = legacy_unit(T.Q4_1, Block(4, qs_at=4, min_at=2), small_n_max=7)
+Q5_0 = legacy_unit(T.Q5_0, Block(5, qs_at=6, qh_at=2, offset=16), small_n_max=5)
+Q5_1 = legacy_unit(T.Q5_1, Block(5, qs_at=8, qh_at=4, min_at=2), small_n_max=5)
+Q8_0 = legacy_unit(T.Q8_0, Block(8, qs_at=2), small_n_max=32)

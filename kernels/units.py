@@ -1,0 +1,100 @@
+"""A unit's parallel kernels, written once for every type: `build` makes them from the type's
+serial row dequantizer (and, for a quantized type, its block dot product) and registers the unit.
+
+Numba keys its disk cache by the function that a kernel is compiled from. A kernel made in a
+closure is refused (its captured functions count as dynamic globals), and one that takes the
+row function as an argument misses on every start (the argument's type is that function
+object). So each type's kernels are copies of the module-level templates below under a name of
+their own, each with the type's functions and constants as its globals: cached like any
+module-level kernel, and compiled to the code a hand-written copy would give.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from numba import njit, prange
+
+from .block_matmul import Fused, block_matmul, parts_of
+from .floatbits import HALF_TABLE
+from .matmul import RowTile, row_tile_matmul
+from .registry import QuantType, register
+
+# The templates' globals that `build` sets per type: placeholders here.
+DEQUANTIZE_ROW = BLOCK_DOT = None
+BLOCK = TYPE_SIZE = SUM_GROUP = 0
+Q_TYPE = np.int8
+
+
+# raw: [rows, row_bytes] -> out: [rows, cols]
+def _dequantize_rows(raw, halves, out):
+    for r in prange(raw.shape[0]):
+        DEQUANTIZE_ROW(raw[r], halves, out[r])
+
+
+# flat, starts, ends: one or more weights' rows of TYPE_SIZE-byte blocks (see
+# matmul.row_tile_matmul), x: [n, in] -> out: [n, rows]
+def _matmul_rows(flat, starts, ends, halves, x, out):
+    row_tile_matmul(DEQUANTIZE_ROW, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE)
+
+
+# flat, starts, ends: one or more weights' bytes (see block_matmul), x: [n, in] -> out: [n, rows]
+def _matmul_fused(flat, starts, ends, halves, x, out):
+    block_matmul(BLOCK_DOT, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE, SUM_GROUP, Q_TYPE)
+
+
+def jit_copy(template: Callable, name: str, constants: dict, **options) -> Callable:
+    """A `@njit(cache=True, **options)` copy of template (a module-level function) named `name`,
+    with `constants` in place of the template's globals of those names."""
+    fn = types.FunctionType(template.__code__, {**template.__globals__, **constants}, name)
+    fn.__qualname__ = name  # Numba names the cache files after it
+    return njit(cache=True, **options)(fn)
+
+
+def with_halves(kernel: Callable) -> Callable:
+    """kernel(raw, halves, *rest) -> the unit-interface f(raw, *rest), with floatbits.HALF_TABLE
+    passed (an argument, not a constant compiled into every kernel: see floatbits)."""
+
+    def call(raw, *rest):
+        kernel(raw, HALF_TABLE, *rest)
+
+    return call
+
+
+def build(
+    qtype: GGMLQuantizationType,
+    dequantize_row: Callable,
+    block_dot: Callable | None = None,
+    sum_group: int = 0,
+    q_type=np.int8,
+    **fields,
+) -> QuantType:
+    """Registers and returns qtype's unit, its kernels built on
+
+    dequantize_row(raw u8[row_bytes], halves, out f32[cols]) -> None: a serial `@njit(cache=True)`
+      function, bit-exact with gguf.quants.dequantize (see registry);
+    block_dot: the block dot product of `block_matmul` (None: no fused small-n kernel), with
+      x quantized to q_type blocks of the type's block size, summed per sum_group (see
+      act_quant);
+    fields: the other QuantType fields (small_n_max ...), or ones to use instead of the built
+      kernels (F32's numpy and BLAS ones).
+    """
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    name = qtype.name.lower()
+    functions = dict(DEQUANTIZE_ROW=dequantize_row, BLOCK_DOT=block_dot)
+    sizes = dict(BLOCK=block, TYPE_SIZE=type_size, SUM_GROUP=sum_group, Q_TYPE=q_type)
+    constants = {**functions, **sizes}
+    kernels = dict(matmul_small=None)
+    if "dequantize_rows" not in fields:
+        rows = jit_copy(_dequantize_rows, f"{name}_dequantize_rows", constants, parallel=True)
+        kernels.update(dequantize_rows=with_halves(rows))
+    tiles = jit_copy(_matmul_rows, f"{name}_matmul_rows", constants, parallel=True, fastmath=True)
+    kernels.update(matmul_rows=RowTile(tiles))
+    if block_dot is not None:
+        fused = jit_copy(_matmul_fused, f"{name}_matmul_fused", constants, parallel=True)
+        kernels.update(matmul_small=Fused(fused), repack=parts_of)
+    unit = QuantType(qtype=qtype, block_size=block, type_size=type_size, **{**kernels, **fields})
+    return register(unit)
