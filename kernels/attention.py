@@ -42,14 +42,12 @@ from .rope import rope_cos_sin, rope_rotate
 from .simd import F16_MASK, F16_REBIAS, F16_SHIFT, TILE_COLS, TILE_ROWS, fma_tile, prefetch
 
 TILE = 16
-# Every chunk's softmax state costs a fixed share (buffers, a merge, the first block's misses):
-# at 32 blocks, 16 decoding sequences at 400 positions ran 1.2x faster than at 8 (2 threads),
-# and a 4000-position sequence still splits into 8 chunks per KV head for the threads.
+# Every chunk's softmax state costs a fixed share (buffers, a merge, the first block's misses),
+# so chunks are long, and a 4000-position sequence still splits into 8 per KV head for the
+# threads.
 SPLIT_BLOCKS = 32
-# Preparing a token (RoPE angles, norms, the cache write) costs ~1.5 us: below this many tokens
-# a parallel region costs more than it saves. In-process A/B against 32 (SmolLM2's heads, 30
-# layers' caches, 300 positions, 2 threads): level at n = 2 to 4, 4 % faster at n = 6, 5-8 %
-# at 8 and 16.
+# Preparing a token (RoPE angles, norms, the cache write) is quick: below this many tokens a
+# parallel region costs more than it saves.
 PARALLEL_PREPARE_MIN = 4
 # (tile, key chunk) pairs from which an item may take all KV heads (see _over_blocks, _plan):
 # 16 decoding sequences make 16 items of 3 heads for 2 threads; 4 keep 12 of one head.
@@ -120,8 +118,8 @@ def _to_f32_impl(x):
 
 # cache: [num_blocks, nkv, rows, cols] -> dst[:rows, :cols] = cache[blk, h] as float32 (dst may
 # be wider: its padding stays as it is). Indexed, not sliced: a view of the cache takes and drops
-# a reference on it, two atomic updates of one counter that every thread shares; at one view per
-# block they cost a quarter of the decode time (2 threads).
+# a reference on it, two atomic updates of one counter that every thread shares, which at one view
+# per block cost more than the copy.
 @njit(cache=True, inline="always")
 def _widen(cache, blk, h, dst):
     for j in range(cache.shape[2]):
@@ -207,8 +205,8 @@ def _tile(count, add, c, c_rows, a, a_rows, b, b_at, b_step, depth):
 # each row group that sees a block against it (read in place where direct, else widened into
 # buf first): the scores p[r, j] of row r's query (at q_at[r] in q) against key j, or the
 # weighted sums out[r, :] += p[r, j] * value j. Rows r: see _attend (head_rows rows per head).
-# Heads inside blocks: a block's heads are one stretch of the cache (3 x 2 KB for SmolLM2),
-# which DRAM serves about twice as fast as the same bytes read a head's 2 KB at a time.
+# Heads inside blocks: a block's heads are one stretch of the cache, which DRAM serves faster
+# than the same bytes read a head at a time.
 @njit(cache=True, inline="always")
 def _over_blocks(
     values, q, q_at, p, out, cache, buf, direct, h0, h1, head_rows, table, b_start, b_end, lo,
@@ -335,7 +333,7 @@ def _attend(
         # Summed in lanes over the chunk in order, then the lanes in a fixed order: how many
         # blocks the chunk has depends on the tile, and a token's sum must not (they only add
         # zeros to its lanes; a vectorized loop's order would depend on its length). One loop
-        # over the 16 keys of each block would not vectorize: 5x slower.
+        # over the 16 keys of each block would not vectorize.
         lanes[:] = 0.0
         for j0 in range(0, n_keys, TILE_COLS):
             for k in range(TILE_COLS):

@@ -3,8 +3,8 @@ product per block supplied by the unit.
 
 Each prange item takes ROWS weight rows; every activation block is loaded once for all of them.
 A row's partial sums stay in LANES float lanes (`simd`) until the row ends, and the bytes of
-the rows PREFETCH_ROWS ahead are prefetched while these are computed: on the 2-core machines we
-measured, the hardware prefetcher alone kept a 4-row walk at a third of the read bandwidth.
+the rows PREFETCH_ROWS ahead are prefetched while these are computed: the hardware prefetcher
+alone does not keep up with a walk of 4 rows at once.
 """
 
 from functools import partial
@@ -19,15 +19,14 @@ from .simd import LANES, local_f32, prefetch
 ROWS = 4  # written out in the loop below
 ACC_SLOTS = ROWS * LANES
 SMALL_BLOCK = 32  # the legacy types' block; K-quants' super-blocks are 256
-PREFETCH_ROWS = 8  # two row groups ahead (4 to 32 rows measured the same, within noise)
+PREFETCH_ROWS = 8  # two row groups ahead
 LINE = 64  # bytes per prefetch: a cache line on every target we support
 
 
 # flat: uint8[size] -> prefetch the lines of flat[start : start + nbytes], nbytes a constant of
 # the type: a fixed sequence of hints 64 bytes apart plus the last byte (which covers every line
-# the span touches), no loop and no clipping (a hint past the end never faults).
-# The loop clipped to the array cost about as many instructions per block as a 4-bit block's dot
-# product: 1.3x slower at n=1 for Q4_0 and Q4_1, 1.7x for Q8_0 (A/B, 2 threads).
+# the span touches), no loop and no clipping (a hint past the end never faults): a loop clipped
+# to the array costs about as many instructions per block as a 4-bit block's dot product.
 @njit(cache=True, inline="always")
 def prefetch_span(flat, start, nbytes):
     for k in range((nbytes + LINE - 1) // LINE):
@@ -37,8 +36,8 @@ def prefetch_span(flat, start, nbytes):
 
 # -> float32[ROWS, LANES], a row group's accumulators. For 32-weight blocks on the stack, where
 # LLVM keeps them in registers (see simd.local_f32): no store per block, and loads shared by the
-# rows, 8-14 % faster at n=1 for Q4_0 and Q4_1 (A/B). A K-quant's 256-weight super-block needs those
-# registers for its own unpacking: Q6_K ran 10-15 % slower with them, so its sums stay in memory.
+# rows. A K-quant's 256-weight super-block needs those registers for its own unpacking, so its
+# sums stay in memory.
 @njit(cache=True, inline="always")
 def accumulators(block):
     if block <= SMALL_BLOCK:

@@ -9,9 +9,9 @@ _F32_MAGIC = np.float32(F16_REBIAS)  # rebias a float16 exponent (bias 15) to fl
 
 
 # float16 bits -> float32 for all 65536 patterns (256 KB): the quantized units read their
-# per-block scales through it (fused kernels and dequantize_row alike), one load instead of a
-# dozen bit operations (exact: numpy converts). Passed to
-# the kernels as an argument: compiled in as a constant it doubled their compile time and cache.
+# per-block scales through it (fused kernels and row dequantizers alike), one load instead of a
+# dozen bit operations (exact: numpy converts). Passed to the kernels as an argument: a constant
+# compiled into every kernel would make each compile and cache entry bigger.
 HALF_TABLE = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
 HALF_TABLE = HALF_TABLE.astype(np.float32)
 

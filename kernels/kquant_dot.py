@@ -4,11 +4,10 @@ bit layout (see `Layout`): one intrinsic per type, shared code for all.
 The 256 weights are 8 groups of 32. A group's unsigned fields q (2 to 6 bits, from one or two
 byte arrays) are multiplied by 32 activations as bytes (`simd._byte_pair_sums`: vpmaddubsw on
 x86), the 16-bit pair sums by their integer sub-block scales (vpmaddwd), and the 32-bit lanes
-summed over the super-block: one conversion to float and one multiply by d * dx per super-block,
-whereas 16-bit products converted and scaled every 16 weights (1.5-2x slower, measured on Q4_K
-and Q6_K). llama.cpp's AVX2 K-quant kernels take the same route. Group g's 16-weight halves
-take the super-block's scales 2g and 2g + 1 (one per 16 weights; a type with one per 32
-repeats each).
+summed over the super-block: one conversion to float and one multiply by d * dx per super-block
+rather than every 16 weights (llama.cpp's AVX2 K-quant kernels take the same route). Group g's
+16-weight halves take the super-block's scales 2g and 2g + 1 (one per 16 weights; a type with
+one per 32 repeats each).
 
 Masks and shifts are constants; `one` (floatbits.opaque_one) is what keeps LLVM from bounding
 the fields and dropping the byte multiply-add (see simd._byte_pair_sums).

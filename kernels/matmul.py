@@ -20,16 +20,12 @@ TILE_BYTES = 2 << 20
 # The row-tile kernel's cache blocking, in bytes of float32: each prange item dequantizes as many
 # rows of W as fill TILE_W_BYTES (2 to 6 groups of DOT_ROWS), and the activation rows pass over
 # them TILE_X_BYTES at a time, so that the item's rows and the current activation rows both stay
-# in L2 while every DOT_ROWS rows meet every activation row. Streaming all of x past every 4 rows
-# of a fixed 8-row tile ran 8-10 % slower at n = 512 (Q4_1 [3072, 576] and [576, 1536], in-process
-# A/B, 2 threads); out = 576 still splits into 20 items.
+# in L2 while every DOT_ROWS rows meet every activation row.
 TILE_W_BYTES = 128 << 10
 TILE_X_BYTES = 128 << 10
 # Each row's bytes are hinted PREFETCH_ROWS_AHEAD rows before they are dequantized: in a whole
-# model's step the weights stream from DRAM, and with the hardware prefetcher alone a row-wise
-# decode step took 1.27x as long at n = 1 and 1.14x at n = 16 (SmolLM2 Q4_1, all 30 layers,
-# in-process A/B, 2 threads, Zen 5); 4, 16 and 32 rows ahead came within 2 % of 8. (A benchmark
-# that multiplies one weight again and again keeps it in cache and sees no gain.)
+# model's step the weights stream from DRAM, faster than the hardware prefetcher alone fetches
+# them. (A benchmark that multiplies one weight again and again keeps it in cache: no gain there.)
 PREFETCH_ROWS_AHEAD = 8
 
 
@@ -76,17 +72,11 @@ class RowTile(PartsKernel):
 
 # w: [tile rows, in] (rows 0..last dequantized), x: [n, in] -> out[:, r0 : r0 + last + 1]. For
 # each block of _tile_tokens activation rows, for each DOT_ROWS rows of w (kept in L1 while those
-# activation rows stream past: faster than the other order at in = 1536), simd.dot_tile against
-# DOT_COLS activation rows at a time; ragged edges take smaller tiles. Each output is its own
-# chain of the same arithmetic whatever tile computes it, so its bits depend neither on n,
-# `out`, the blocking nor the threads, and no row or activation row is computed twice.
-# Against the loop LLVM vectorized itself (4 x 2 outputs, the same bits), 5-30 % faster at
-# n = 9 to 512 and level or faster at n = 1 to 4 (Q4_1 [3072, 576], [576, 1536] and [576, 576],
-# in-process A/B, 2 threads): a body of loads and FMAs over running pointers, and at an odd n
-# no activation row computed twice. Compiled on its own, not inlined into the units'
-# kernels: next to the legacy types' straight-line block dequantization (kernels.legacy) the
-# loops ran 15-20 % slower at n >= 32 (in-process A/B, Q4_1 [3072, 576]); apart, every unit
-# times the same as inlined or better.
+# activation rows stream past), simd.dot_tile against DOT_COLS activation rows at a time; ragged
+# edges take smaller tiles. Each output is its own chain of the same arithmetic whatever tile
+# computes it, so its bits depend neither on n, `out`, the blocking nor the threads, and no row
+# or activation row is computed twice. Compiled on its own, not inlined into the units' kernels:
+# next to the legacy types' straight-line block dequantization its loops compile to slower code.
 @njit(cache=True)
 def _tile_products(w, last, x, out, r0):
     n, k = x.shape
@@ -196,7 +186,7 @@ def _bound(parts: list[QuantWeight], kernel: Callable, step: int | None) -> Call
 
 
 def _by_n(x: np.ndarray, w: QuantWeight) -> np.ndarray:
-    # the fastest path for this n (measured per unit: small_n_max, rows_n_max)
+    # the fastest path for this n (per unit: small_n_max, rows_n_max)
     n = x.shape[0]
     out = np.empty((n, w.shape[0]), np.float32)
     if w.unit.matmul_small is not None and n <= w.unit.small_n_max:
@@ -211,13 +201,13 @@ def _by_n(x: np.ndarray, w: QuantWeight) -> np.ndarray:
 # A unit whose int8 fused kernel beats its row-tile kernel up to this many rows (small_n_max)
 # takes the fused kernel for row-wise work at every n: that is Q8_0, the output head of many
 # models, whose rows in a step are one per sequence. (A Q8_0 model's other weights take it for
-# prompt rows too, where it is 1.2-1.6x slower than the row-tile kernel; ad-hoc.)
+# prompt rows too, where the row-tile kernel would be faster.)
 ROW_WISE_FUSED_MIN = 32
 
 
-# Rows of x per row-tile call on the row-wise path: the kernel streams all of its x past every
-# 4 rows of W, so x must stay in cache ([512, 11008] x from DRAM: 1.9x slower than in blocks of
-# 48 rows); each call dequantizes W again, little beside the FMAs of this many rows.
+# Rows of x per row-tile call on the row-wise path: the kernel streams all of its x past each
+# tile of W's rows, so x must stay in cache; each call dequantizes W again, little beside the
+# FMAs of this many rows.
 ROW_WISE_X_BYTES = 2 << 20
 
 

@@ -42,18 +42,22 @@ def _add_norm_row(x, delta, post_w, w, eps, out, tmp):
     _norm_row(x, w, eps, out)
 
 
+# x: [n, d], w: [d] -> out: [n, d] (a row at a time: rms_norm)
 @njit(cache=True)
 def _rms_norm_serial(x, w, eps, out):
     for i in range(x.shape[0]):
         _norm_row(x[i], w, eps, out[i])
 
 
+# x: [n, d], w: [d] -> out: [n, d] (rows in parallel)
 @njit(parallel=True, cache=True)
 def _rms_norm_parallel(x, w, eps, out):
     for i in prange(x.shape[0]):
         _norm_row(x[i], w, eps, out[i])
 
 
+# x: [n, d] (updated in place), delta: [n, d], post_w: [d] or [0], w: [d] -> out: [n, d]
+# (add_rms_norm)
 @njit(cache=True)
 def _add_norm_serial(x, delta, post_w, w, eps, out):
     tmp = np.empty(x.shape[1], np.float32)
@@ -61,6 +65,7 @@ def _add_norm_serial(x, delta, post_w, w, eps, out):
         _add_norm_row(x[i], delta[i], post_w, w, eps, out[i], tmp)
 
 
+# as _add_norm_serial, rows in parallel
 @njit(parallel=True, cache=True)
 def _add_norm_parallel(x, delta, post_w, w, eps, out):
     for i in prange(x.shape[0]):

@@ -49,6 +49,7 @@ def rope_rotate(x, cos, sin, neox):
             x[2 * i + 1] = x0 * sin[i] + x1 * cos[i]
 
 
+# x: [n, heads, head_dim] rotated in place, positions: [n], inv_freq: [n_dims/2]
 @njit(parallel=True, cache=True)
 def _rope(x, positions, inv_freq, neox):
     for t in prange(x.shape[0]):

@@ -41,11 +41,8 @@ def _wide_vectors() -> bool:
 # VEC_LANES: floats per vector register of the compile target, the width of dot_tile's
 # accumulators and of the dequantizers' steps (the same bits at any width), and dot_tile's
 # largest shape (matmul._rows_by): DOT_ROWS * DOT_COLS accumulators plus a vector per activation
-# row must fit the register file. With 32 registers of 16 floats, 6 x 4 tiles of 16 lanes took
-# 26-40 % less time than 5 x 2 tiles of 8 at n = 16 to 512 and 10-20 % less at n = 4 (Q4_1
-# [3072, 576] and [576, 1536], in-process A/B, 2 threads, Zen 5); 5 x 5 and 8 x 3 came within
-# noise of it, and dequantizing 16 bytes a step instead of 8 took another 3-5 % off at n <= 16.
-# With 16 registers of 8 floats (AVX2), 6 x 4 would spill.
+# row must fit the register file: 6 x 4 in 32 registers of 16 floats (AVX-512), 5 x 2 in 16 of
+# 8 (AVX2), where 6 x 4 would spill.
 VEC_LANES, DOT_ROWS, DOT_COLS = (16, 6, 4) if _wide_vectors() else (LANES, 5, 2)
 
 

@@ -3,11 +3,12 @@
 Default: physical cores (hyper-threads share one core's load/FMA units, so they add contention,
 not bandwidth). Numba keeps its thread count per calling thread, so `apply()` sets it at each
 kernel call from a thread that has not taken the knob's value yet; after that it is one
-thread-local comparison (asking Numba costs about 1 us, and a decode step makes hundreds of calls).
+thread-local comparison (asking Numba each time would add up over a decode step's hundreds of
+calls).
 
 BLAS runs single-threaded and `run_split` parallelises BLAS-backed work over row ranges in a
 small thread pool instead: OpenBLAS's own threads spin-wait, and next to Numba's pool on a busy
-machine a [16, 4096] x [4096, 128] product measured 300 ms with 2 OpenBLAS threads vs 1 ms with one.
+machine they can take hundreds of times as long as one thread.
 """
 
 import os
@@ -21,11 +22,10 @@ from threadpoolctl import threadpool_limits
 # After a parallel kernel, GNU OpenMP's workers (Numba's "omp" layer) spin for GOMP_SPINCOUNT
 # iterations before they sleep; by default long enough to hold a core through run_split's BLAS
 # work, whose second thread then shares that core. 100000 still covers the gaps between a decode
-# step's kernels; a 512-row forward pass through the BLAS path measured 1.4x faster (ad-hoc;
-# the engine's steps take the row-wise kernels instead). libgomp reads it once, when
-# it is loaded: this must run before the first parallel kernel (or any other library using
-# libgomp, such as llama.cpp's) in the process, and a value the user set wins. Child processes
-# inherit it: INHERITED_SPINCOUNT (None: unset) lets a benchmark start llama.cpp as it would run.
+# step's kernels. libgomp reads it once, when it is loaded: this must run before the first
+# parallel kernel (or any other library using libgomp, such as llama.cpp's) in the process, and
+# a value the user set wins. Child processes inherit it: INHERITED_SPINCOUNT (None: unset) lets
+# a benchmark start llama.cpp as it would run.
 INHERITED_SPINCOUNT = os.environ.get("GOMP_SPINCOUNT")
 os.environ.setdefault("GOMP_SPINCOUNT", "100000")
 
