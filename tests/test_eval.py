@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_checks import edgeinfer, one_error_line
 from llama_oracle import kl, log_softmax, oracle
 from reference_forward import ReferenceModel
 
@@ -20,21 +19,8 @@ from edgeinfer.errors import EdgeInferError
 from edgeinfer.eval import logits_file, stats, weights, windows
 from edgeinfer.llm import LLM
 
-EXE = Path(sys.executable).with_name("edgeinfer")
 TEXT = Path(__file__).parent / "data" / "eval" / "shakespeare.txt"
 PPL_TOLERANCE = 0.005  # the target: within 0.5 % of llama.cpp on the same windows
-
-
-def edgeinfer(*args, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run([str(EXE), *args], capture_output=True, text=True, timeout=timeout)
-
-
-def one_error_line(r: subprocess.CompletedProcess, *needles: str) -> None:
-    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 # -- statistics ---------------------------------------------------------------------------

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_checks import edgeinfer as run_edgeinfer
+from cli_checks import one_error_line
 
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.eval import quantize as q
@@ -14,7 +15,6 @@ from edgeinfer.eval.weights import bits_per_weight
 from edgeinfer.gguf.reader import read_gguf
 from edgeinfer.llm import LLM
 
-EXE = Path(sys.executable).with_name("edgeinfer")
 # the main tensor type each file type gives the synthetic llama's matrices
 MAIN_TYPE = {
     "Q2_K": "Q2_K", "Q3_K_S": "Q3_K", "Q3_K_M": "Q3_K", "Q3_K_L": "Q3_K", "Q4_0": "Q4_0",
@@ -24,16 +24,8 @@ MAIN_TYPE = {
 }  # fmt: skip
 
 
-def edgeinfer(*args, timeout=120) -> subprocess.CompletedProcess:
-    return subprocess.run([str(EXE), *args], capture_output=True, text=True, timeout=timeout)
-
-
-def one_error_line(r: subprocess.CompletedProcess, *needles: str) -> None:
-    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
+def edgeinfer(*args) -> subprocess.CompletedProcess:
+    return run_edgeinfer(*args, timeout=120)
 
 
 @pytest.fixture(scope="module")
