@@ -2,8 +2,10 @@
 
 The units are built by family modules (`floats`: F32, F16, BF16; `legacy`: Q4_0 ... Q8_0;
 `kquants`: Q2_K ... Q6_K), each type's row dequantizer and block dot product there and its
-parallel kernels made by `units.build`, which registers them. `get_unit(qtype)` imports every
-module in `UNIT_MODULES` on first use, so `import edgeinfer.kernels` stays cheap.
+parallel kernels made by `units.build`, which registers them. Which family implements which
+type is the table `edgeinfer.gguf.tensor_types.KERNEL_FAMILIES` (the one list of supported
+types); `get_unit(qtype)` imports that family's module on first use, so `import
+edgeinfer.kernels` stays cheap.
 
 Unit interface (a `QuantType`):
 
@@ -49,9 +51,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from edgeinfer.errors import EdgeInferError
-
-# The modules that build units; each registers the types it implements when imported.
-UNIT_MODULES = ("floats", "legacy", "kquants")
+from edgeinfer.gguf.tensor_types import KERNEL_FAMILIES
 
 
 def _identity_repack(raw: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -88,7 +88,6 @@ class UnsupportedTypeError(EdgeInferError, NotImplementedError):
 
 
 _UNITS: dict[GGMLQuantizationType, QuantType] = {}
-_loaded = False
 
 
 def register(unit: QuantType) -> QuantType:
@@ -96,20 +95,13 @@ def register(unit: QuantType) -> QuantType:
     return unit
 
 
-def _load_units() -> None:
-    global _loaded
-    if _loaded:
-        return
-    for name in UNIT_MODULES:
-        full = f"{__package__}.{name}"
-        try:
-            importlib.import_module(full)
-        except ModuleNotFoundError as e:
-            # A unit file that does not exist (yet) only makes its type unsupported; a broken
-            # import inside an existing unit is a real error.
-            if e.name != full:
-                raise
-    _loaded = True
+def _load_family(module: str) -> None:
+    """Import a family module (it registers its units), and check it built every type the
+    table gives it."""
+    importlib.import_module(f"{__package__}.{module}")
+    missing = [t.name for t, m in KERNEL_FAMILIES.items() if m == module and t not in _UNITS]
+    if missing:
+        raise RuntimeError(f"kernels/{module}.py registers no unit for {', '.join(missing)}")
 
 
 def as_qtype(qtype: GGMLQuantizationType | str | int) -> GGMLQuantizationType:
@@ -123,14 +115,18 @@ def as_qtype(qtype: GGMLQuantizationType | str | int) -> GGMLQuantizationType:
 
 def get_unit(qtype: GGMLQuantizationType | str | int) -> QuantType:
     qt = as_qtype(qtype)
-    _load_units()
     unit = _UNITS.get(qt)
     if unit is None:
-        supported = ", ".join(t.name for t in supported_types())
-        raise UnsupportedTypeError(f"no kernels for GGML type {qt.name} (supported: {supported})")
+        module = KERNEL_FAMILIES.get(qt)
+        if module is None:
+            supported = ", ".join(t.name for t in supported_types())
+            raise UnsupportedTypeError(
+                f"no kernels for GGML type {qt.name} (supported: {supported})"
+            )
+        _load_family(module)
+        unit = _UNITS[qt]
     return unit
 
 
 def supported_types() -> list[GGMLQuantizationType]:
-    _load_units()
-    return sorted(_UNITS, key=int)
+    return sorted(KERNEL_FAMILIES, key=int)

@@ -25,6 +25,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from edgeinfer.errors import GGUFError
+from edgeinfer.gguf.tensor_types import SUPPORTED_TENSOR_TYPES
 
 GGUF_MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -33,16 +34,6 @@ DEFAULT_ALIGNMENT = 32
 MAX_ARRAY_DEPTH = 3
 MAX_DIMS = 4
 
-Q = GGMLQuantizationType
-# The tensor types edgeinfer has kernels for; anything else is refused at read time, so `info`,
-# model load and every other entry point report it the same way.
-SUPPORTED_TENSOR_TYPES = frozenset(
-    {
-        Q.F32, Q.F16, Q.BF16,
-        Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0,
-        Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K,
-    }
-)  # fmt: skip
 
 V = GGUFValueType
 # Fixed-size value types: struct format for scalars, numpy dtype for arrays.
