@@ -12,6 +12,8 @@ from edgeinfer.errors import EdgeInferError
 PREFILL_CHUNK = 512
 # The context used when none is given: the model's, capped (32k-token KV caches surprise people).
 DEFAULT_CTX = 4096
+# Most draft tokens one speculative step verifies per sequence.
+MAX_SPEC_K = 32
 
 
 class ConfigError(EdgeInferError, ValueError):
@@ -30,6 +32,8 @@ class EngineConfig:
     batch_invariant: every step takes the row-wise kernels, so a request's tokens are the same
     bits whatever it is batched with (vLLM's batch-invariant mode); otherwise a step of decode
     tokens only takes the fastest kernels for its size (int8 activations at a few sequences).
+    speculative: None (off) or "ngram" (prompt lookup) proposes up to `spec_k` tokens per
+    decoding sequence, verified in one step.
     """
 
     threads: int | None = None
@@ -42,6 +46,8 @@ class EngineConfig:
     max_wait_ms: float = 0.0
     prefix_caching: bool = True
     batch_invariant: bool = False
+    speculative: str | None = None
+    spec_k: int = 8
 
     def __post_init__(self):
         from edgeinfer.engine.kv_cache import check_kv_dtype
@@ -74,11 +80,19 @@ class EngineConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         check_kv_dtype(self.kv_dtype)
+        at_least("spec_k", 1)
+        if self.spec_k > MAX_SPEC_K:
+            raise ConfigError(f"spec_k (--spec-k) must be at most {MAX_SPEC_K}, got {self.spec_k}")
+        spec = self.speculative
+        if spec is not None and spec != "ngram":
+            raise ConfigError(f"speculative (--spec) must be 'ngram', got {spec!r}")
 
     @property
     def step_logit_rows(self) -> int:
-        """Most rows of logits one step returns: one per sequence that samples."""
-        return min(self.max_num_seqs, self.max_num_batched_tokens)
+        """Most rows of logits one step returns: one per sequence that samples (and one per
+        draft token it verifies)."""
+        per_seq = 1 + (self.spec_k if self.speculative else 0)
+        return min(self.max_num_seqs * per_seq, self.max_num_batched_tokens)
 
 
 def _is_int(v) -> bool:

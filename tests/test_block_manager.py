@@ -1,11 +1,12 @@
-"""The block manager alone: reference counts, prefix caching, LRU eviction, and a stateful fuzz."""
+"""The block manager alone: reference counts, prefix caching, LRU eviction, rollback of rejected
+draft tokens, and a stateful fuzz."""
 
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from edgeinfer.engine.block_manager import BlockManager, KVCacheFullError
+from edgeinfer.engine.block_manager import BlockManager, KVCacheFullError, block_key
 
 BS = 4
 
@@ -124,6 +125,21 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.bm.commit(seq, self.tokens[seq])
 
     @precondition(lambda self: self.tokens)
+    @rule(data=st.data(), n=st.integers(1, 6))
+    def speculate(self, data, n):
+        """A verify step: n slots for a token and its drafts, the rejected ones rolled back."""
+        seq = data.draw(st.sampled_from(sorted(self.tokens)))
+        if not self.bm.can_append(seq, n):
+            return
+        self.bm.append(seq, n)
+        kept = data.draw(st.integers(1, n))
+        with pytest.raises(ValueError, match="past its committed blocks"):
+            self.bm.rollback(seq, self.bm.seq_len(seq) + 1)  # refused, nothing changed
+        self.bm.rollback(seq, n - kept)
+        self.tokens[seq] += data.draw(st.lists(st.integers(0, 2), min_size=kept, max_size=kept))
+        self.bm.commit(seq, self.tokens[seq])
+
+    @precondition(lambda self: self.tokens)
     @rule(data=st.data())
     def finish(self, data):
         seq = data.draw(st.sampled_from(sorted(self.tokens)))
@@ -147,6 +163,16 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert {b: k for k, b in bm.cached.items()} == {
             b: k for b, k in enumerate(bm.block_keys) if k is not None
         }
+
+    @invariant()
+    def keys_cover_only_kept_tokens(self):
+        # a rolled-back token never reaches a key: each key names the prefix that was kept
+        for seq, tokens in self.tokens.items():
+            parent, want = b"", []
+            for i in range(len(tokens) // BS):
+                parent = block_key(parent, tokens[i * BS : (i + 1) * BS])
+                want.append(parent)
+            assert self.bm.keys[seq] == want
 
     def teardown(self):
         for seq in list(self.tokens):

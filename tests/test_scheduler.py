@@ -125,3 +125,29 @@ def test_a_partial_batch_waits_for_more_requests_up_to_max_wait():
     for q in pair:
         full.add(q, 10.0)
     assert [q for q, _ in pairs(full.schedule(10.0))] == pair  # a full batch does not wait
+
+
+def test_drafts_take_only_what_the_step_leaves_and_rejected_ones_give_their_blocks_back():
+    s = make(num_blocks=4, max_tokens=12)
+    a, b = Seq(3), Seq(7)
+    s.add(a, 0)
+    s.add(b, 0)
+    advance(s, s.schedule(0))  # both prompts: a has 4 tokens (1 block), b 8 (2 blocks)
+    c = Seq(9)
+    s.add(c, 0)  # waits: 3 blocks, 1 free
+    batch = s.schedule(0, {a.seq_id: [1, 2, 3, 4, 5, 6, 7], b.seq_id: [9] * 10})
+    # a decodes 1 token + drafts; budget 12 leaves 10 after both decodes, but the free block
+    # (c could not be admitted) holds only 4 more of a's tokens; b gets none: its draft would
+    # need another block
+    assert [
+        (q, n, ch.num_draft) for (q, n), ch in zip(pairs(batch), batch.chunks, strict=True)
+    ] == [
+        (a, 5, 4),
+        (b, 1, 0),
+    ]
+    assert batch.chunks[0].token_ids == [0, 1, 2, 7, 1, 2, 3, 4][3:] and s.num_preemptions == 0
+    assert s.blocks.num_free_blocks == 0
+    # none of a's drafts accepted: their slots, and the block they took, go back
+    s.commit(batch, {a.seq_id: 4})
+    assert a.num_computed == s.blocks.seq_len(a.seq_id) == 4 and b.num_computed == 8
+    assert s.blocks.num_free_blocks == 1

@@ -154,6 +154,24 @@ class BlockManager:
         bs = self.block_size
         return [table[p // bs] * bs + p % bs for p in range(start, start + n_tokens)]
 
+    def rollback(self, seq_id: int, n_tokens: int) -> None:
+        """Take back the slots of seq_id's last n_tokens (draft tokens the model rejected):
+        blocks left empty go back to the free pool. Only tokens not yet committed can go, so
+        no prefix-cache key ever covers a rejected token."""
+        length = self.lengths[seq_id] - n_tokens
+        if n_tokens < 0 or length < len(self.keys[seq_id]) * self.block_size:
+            raise ValueError(
+                f"sequence {seq_id}: cannot roll back {n_tokens} of {self.lengths[seq_id]} "
+                "tokens past its committed blocks"
+            )
+        self.lengths[seq_id] = length
+        table = self.tables[seq_id]
+        # blocks past the new length were taken by this step's append: fresh, unkeyed, ours
+        for _ in range(len(table) - -(-length // self.block_size)):
+            block = table.pop()
+            self.ref_counts[block] = 0
+            self.free_blocks.append(block)
+
     def commit(self, seq_id: int, token_ids: list[int]) -> None:
         """Key the blocks that filled up since the last call; token_ids covers at least the
         sequence's length (its K/V must already be written)."""

@@ -2,7 +2,9 @@
 
 Every request is a `Sequence`. `add` queues it, `step` runs one batched forward pass over the
 scheduler's choice (decode tokens of running sequences and prompt chunks of new ones) and
-samples a token for every sequence whose tokens are all computed. The engine is driven by one
+samples a token for every sequence whose tokens are all computed. With speculative decoding
+(`config.speculative`) a decoding sequence may carry draft tokens; the step verifies them and
+keeps the accepted ones plus one token more (see edgeinfer.speculative). The engine is driven by one
 thread (the caller's for `LLM`, a dedicated one for `AsyncEngine`): Numba's thread pool must
 always be entered from the same thread. Other threads may set `seq.aborted` and read `stats()`.
 """
@@ -21,6 +23,7 @@ from edgeinfer.engine.kv_cache import BLOCK_SIZE
 from edgeinfer.engine.requests import PromptError, Requests, check_token_ids
 from edgeinfer.engine.scheduler import ScheduledBatch, Scheduler
 from edgeinfer.engine.sequence import Sequence
+from edgeinfer.speculative import make_speculator
 
 # Output tokens per second are averaged over this many seconds.
 RATE_WINDOW_S = 3.0
@@ -38,14 +41,32 @@ class EngineStats:
     preemptions: int
     generated_tokens: int  # since the engine started
     tokens_per_s: float  # output tokens per second over the last RATE_WINDOW_S seconds
+    spec_drafts: int = 0  # speculative decoding: steps of a sequence that verified a draft
+    spec_proposed_tokens: int = 0  # draft tokens verified
+    spec_accepted_tokens: int = 0  # of those, accepted
 
     @property
     def prefix_cache_hit_rate(self) -> float:
         q = self.prefix_cache_queried_tokens
         return self.prefix_cache_hit_tokens / q if q else 0.0
 
+    @property
+    def spec_acceptance_rate(self) -> float:
+        p = self.spec_proposed_tokens
+        return self.spec_accepted_tokens / p if p else 0.0
+
+    @property
+    def spec_mean_accepted(self) -> float:
+        """Draft tokens accepted per verified draft (each verify step also adds one token)."""
+        return self.spec_accepted_tokens / self.spec_drafts if self.spec_drafts else 0.0
+
     def as_dict(self) -> dict:
-        return {**asdict(self), "prefix_cache_hit_rate": self.prefix_cache_hit_rate}
+        return {
+            **asdict(self),
+            "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
+            "spec_acceptance_rate": self.spec_acceptance_rate,
+            "spec_mean_accepted": self.spec_mean_accepted,
+        }
 
 
 class Engine:
@@ -62,6 +83,7 @@ class Engine:
         self.generated_tokens = 0
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps
         self.wait_s = 0.0  # after a step that ran nothing: how long to wait for more requests
+        self.speculator = make_speculator(config, runner) if config.speculative else None
 
     @property
     def has_unfinished(self) -> bool:
@@ -76,14 +98,20 @@ class Engine:
         `seq.aborted` instead)."""
         if not seq.finished:
             seq.finish_reason = "abort"
+        self._remove(seq)
+
+    def _remove(self, seq: Sequence) -> None:
         self.scheduler.remove(seq)
+        if self.speculator:
+            self.speculator.forget(seq.seq_id)
 
     def step(self) -> list[tuple[Sequence, str]]:
         """Run one step -> (sequence, new text) for every sequence that got a token or ended
         (an aborted one ends with finish_reason 'abort' and empty text)."""
         outputs = self._reap_aborted()
         now = perf_counter()
-        batch = self.scheduler.schedule(now)
+        drafts = self.speculator.drafts(self.scheduler.running) if self.speculator else None
+        batch = self.scheduler.schedule(now, drafts)
         self.wait_s = batch.wait_s
         if not batch.chunks:
             return outputs
@@ -96,7 +124,8 @@ class Engine:
         if self.config.batch_invariant:
             return True
         return not all(
-            len(c.token_ids) == 1 and c.start >= c.seq.num_prompt_tokens for c in batch.chunks
+            len(c.token_ids) == 1 + c.num_draft and c.start >= c.seq.num_prompt_tokens
+            for c in batch.chunks
         )
 
     def _postprocess(self, batch: ScheduledBatch, logits, now: float) -> list:
@@ -105,17 +134,29 @@ class Engine:
             if seq.t_scheduled is None:
                 seq.t_scheduled = now
                 seq.num_cached_tokens = chunk.start
-        self.scheduler.commit(batch)
-        outputs = []
-        for chunk, row in zip(batch.chunks, logits, strict=True):
-            if row is None:
+        sampled, rejected = [], {}
+        for chunk, rows in zip(batch.chunks, logits, strict=True):
+            if rows is None:
                 continue
             seq = chunk.seq
-            outputs.append((seq, seq.append(seq.sample(row))))
+            if chunk.num_draft:
+                tokens = seq.verify(rows, chunk.token_ids[-chunk.num_draft :])
+                accepted = len(tokens) - 1
+                rejected[seq.seq_id] = chunk.num_draft - accepted
+                self.speculator.record(seq.seq_id, chunk.num_draft, accepted)
+            else:
+                tokens = [seq.sample(rows)]
+            sampled.append((seq, tokens))
+        self.scheduler.commit(batch, rejected)
+        outputs, made = [], 0
+        for seq, tokens in sampled:
+            before = seq.num_output_tokens
+            outputs.append((seq, seq.extend(tokens)))
+            made += seq.num_output_tokens - before
             if seq.finished:
-                self.scheduler.remove(seq)
-        self.generated_tokens += len(outputs)
-        self._recent.append((perf_counter(), len(outputs)))
+                self._remove(seq)
+        self.generated_tokens += made
+        self._recent.append((perf_counter(), made))
         return outputs
 
     def forward(self, seq_id: int, token_ids) -> np.ndarray:
@@ -167,4 +208,5 @@ class Engine:
             preemptions=self.scheduler.num_preemptions,
             generated_tokens=self.generated_tokens,
             tokens_per_s=recent / span if span > 0 else 0.0,
+            **(self.speculator.counts() if self.speculator else {}),
         )

@@ -110,7 +110,9 @@ class ModelRunner:
         self, chunks: Sequence[Chunk], row_wise: bool, all_logits: bool = False
     ) -> list[np.ndarray | None]:
         """One forward pass over the chunks -> per chunk the float32[vocab] logits after its last
-        token if it wants them, else None (its K/V are written and no head pass is made).
+        token if it wants them, else None (its K/V are written and no head pass is made); a
+        chunk with draft tokens gets float32[1 + num_draft, vocab], the logits after its last
+        known token and after each draft token.
         all_logits: every chunk gets float32[n, vocab], the logits after each of its tokens.
         row_wise: every matmul takes the row-wise kernels, so a sequence gets the same bits
         whatever it is batched with (False: the fastest kernels for the batch size)."""
@@ -122,7 +124,7 @@ class ModelRunner:
             seq_rows += [row] * len(c.token_ids)
             slots += c.slots
             if c.wants_logits:
-                last_rows.append(len(positions) - 1)
+                last_rows += range(len(positions) - 1 - c.num_draft, len(positions))
         width = max(len(c.block_table) for c in chunks)
         tables = np.zeros((len(chunks), width), np.int32)  # padding is never read
         for table, c in zip(tables, chunks, strict=True):
@@ -142,5 +144,9 @@ class ModelRunner:
         if all_logits:
             sizes = [len(c.token_ids) for c in chunks[:-1]]
             return np.split(logits, np.cumsum(sizes, dtype=np.int64))
-        rows = iter(logits)
-        return [next(rows) if c.wants_logits else None for c in chunks]
+        out, row = [], 0
+        for c in chunks:
+            n = 1 + c.num_draft if c.wants_logits else 0
+            out.append(None if not n else logits[row] if n == 1 else logits[row : row + n])
+            row += n
+        return out

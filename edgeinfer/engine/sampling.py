@@ -226,6 +226,37 @@ class Sampler:
     def __call__(self, logits: np.ndarray, history: Sequence[int], num_prompt: int = 0) -> int:
         """# logits: [vocab] float32, history: prompt + output ids so far (the first
         num_prompt of them the prompt) -> next token id"""
+        logits = self._process(logits, history, num_prompt)
+        if self.params.greedy:
+            return int(np.argmax(logits))
+        ids, w = self._weights(logits)
+        return int(ids[draw(w, self.rng.random())])
+
+    def verify(
+        self, logits: np.ndarray, history: Sequence[int], num_prompt: int, guess: int
+    ) -> tuple[int, bool]:
+        """Speculative decoding's rejection sampling for a draft that proposed `guess` with
+        certainty (a point mass q): -> (the token to append, whether it is the guess).
+
+        Greedy: the argmax, accepted when it is the guess. Otherwise the guess is kept with
+        probability p(guess); on rejection the token is drawn from max(0, p - q) renormalised,
+        i.e. p without the guess. Either way the token is distributed exactly as __call__'s.
+        """
+        logits = self._process(logits, history, num_prompt)
+        if self.params.greedy:
+            token = int(np.argmax(logits))
+            return token, token == guess
+        ids, w = self._weights(logits)
+        at = np.flatnonzero(ids == guess)
+        if at.size:
+            total = w.sum(dtype=np.float64)
+            if self.rng.random() * total < w[at[0]]:
+                return guess, True
+            w[at[0]] = 0
+        return int(ids[draw(w, self.rng.random())]), False
+
+    def _process(self, logits: np.ndarray, history: Sequence[int], num_prompt: int) -> np.ndarray:
+        """The logits processors, then the penalties."""
         p = self.params
         logits = np.asarray(logits, dtype=np.float32)
         if p.logits_processors:
@@ -233,13 +264,13 @@ class Sampler:
             logits = logits.copy()  # processors may write in place: the caller's row stays
             for process in p.logits_processors:
                 logits = np.asarray(process(output, logits), dtype=np.float32)
-        logits = apply_penalties(logits, history, p)
-        if p.greedy:
-            return int(np.argmax(logits))
-        ids = candidates(logits, p)
+        return apply_penalties(logits, history, p)
+
+    def _weights(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """-> (candidate ids, their unnormalised probabilities after temperature)"""
+        ids = candidates(logits, self.params)
         vals = logits[ids]
-        w = np.exp((vals - vals.max()) / np.float32(p.temperature))
-        return int(ids[draw(w, self.rng.random())])
+        return ids, np.exp((vals - vals.max()) / np.float32(self.params.temperature))
 
 
 def top_logprobs(logits: np.ndarray, token: int, k: int) -> tuple[float, list[tuple[int, float]]]:

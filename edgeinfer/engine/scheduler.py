@@ -16,6 +16,10 @@ Order: higher priority first, then earlier arrival. Each step
    usually brings most of them back);
 2. admits waiting sequences in order while `max_num_seqs` and the token budget allow, preempting
    running sequences of lower priority when that makes room.
+3. lets decoding sequences carry draft tokens (speculative decoding: `drafts`, seq_id -> the
+   tokens a proposer guessed come next) with what the step leaves of the token budget and the
+   free blocks: drafts never delay a prompt chunk nor preempt anyone. A verified step keeps the
+   drafts the model agreed with; `commit` gives back the slots (and blocks) of the rest.
 With nothing running, a partial batch waits up to `max_wait_s` for more requests first.
 Admission (`Engine.add`) refuses a sequence that could never fit the cache alone, so the first
 sequence in order can always run and preemption always makes progress.
@@ -46,6 +50,7 @@ class Chunk:
     slots: list[int] = field(default_factory=list)  # cache slot of each token
     block_table: list[int] = field(default_factory=list)  # the sequence's blocks after the step
     wants_logits: bool = False  # the chunk ends the known tokens: sample after it
+    num_draft: int = 0  # its last num_draft tokens are guesses to verify: logits after each
 
 
 @dataclass
@@ -88,8 +93,8 @@ class Scheduler:
         self.arrived_at.pop(seq.seq_id, None)
         self.blocks.free(seq.seq_id)
 
-    def schedule(self, now: float) -> ScheduledBatch:
-        """Choose the step's chunks and hand out their cache slots."""
+    def schedule(self, now: float, drafts: dict[int, list[int]] | None = None) -> ScheduledBatch:
+        """Choose the step's chunks and hand out their cache slots; drafts: see the module."""
         batch = ScheduledBatch()
         self._promised.clear()
         if not self.running and self.waiting:
@@ -117,18 +122,29 @@ class Scheduler:
             seq.num_computed = self.blocks.allocate(seq.seq_id, seq.token_ids)
             budget = self.max_num_batched_tokens - batch.num_tokens
             batch.chunks.append(_chunk(seq, min(len(seq.token_ids) - seq.num_computed, budget)))
+        if drafts:
+            self._add_drafts(batch, drafts)
         for chunk in batch.chunks:  # room was made for each: appending cannot fail
             seq_id = chunk.seq.seq_id
             chunk.slots = self.blocks.append(seq_id, len(chunk.token_ids))
             chunk.block_table = self.blocks.block_table(seq_id)
         return batch
 
-    def commit(self, batch: ScheduledBatch) -> None:
-        """After the step ran: its tokens' K/V are in the cache (full blocks become reusable)."""
+    def commit(self, batch: ScheduledBatch, rejected: dict[int, int] | None = None) -> None:
+        """After the step ran: its tokens' K/V are in the cache (full blocks become reusable),
+        except the last rejected[seq_id] draft tokens of a sequence, whose slots are given back.
+        Call it before the accepted tokens join seq.token_ids."""
         for chunk in batch.chunks:
             seq = chunk.seq
-            seq.num_computed += len(chunk.token_ids)
-            self.blocks.commit(seq.seq_id, seq.token_ids)
+            computed = seq.token_ids
+            kept = len(chunk.token_ids)
+            if chunk.num_draft:
+                gone = rejected[seq.seq_id] if rejected else 0
+                self.blocks.rollback(seq.seq_id, gone)
+                kept -= gone
+                computed = computed[: chunk.start] + chunk.token_ids[:kept]
+            seq.num_computed += kept
+            self.blocks.commit(seq.seq_id, computed)
 
     def extend(self, seq_id: int, token_ids: list[int], start: int) -> Chunk:
         """Slots for an evaluation pass outside the queue (Engine.forward); KVCacheFullError
@@ -154,6 +170,25 @@ class Scheduler:
                 return False
         self._promised[seq.seq_id] = need
         return True
+
+    def _add_drafts(self, batch: ScheduledBatch, drafts: dict[int, list[int]]) -> None:
+        """Append each decoding sequence's draft to its chunk, as far as the token budget and
+        the free blocks go."""
+        for chunk in batch.chunks:
+            seq = chunk.seq
+            draft = drafts.get(seq.seq_id)
+            if not draft or chunk.start != len(seq.token_ids) - 1:
+                continue
+            n = min(len(draft), self.max_num_batched_tokens - batch.num_tokens)
+            promised = self._promised.get(seq.seq_id, 0)
+            while n and self.blocks.blocks_needed(seq.seq_id, 1 + n) - promised > (
+                self._free_blocks()
+            ):
+                n -= 1
+            if n:
+                chunk.token_ids = chunk.token_ids + draft[:n]
+                chunk.num_draft = n
+                self._promised[seq.seq_id] = self.blocks.blocks_needed(seq.seq_id, 1 + n)
 
     def _free_blocks(self) -> int:
         return self.blocks.num_free_blocks - sum(self._promised.values())

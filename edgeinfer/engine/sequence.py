@@ -3,6 +3,8 @@
 The engine drives every request the same way: it computes the K/V of `token_ids` past
 `num_computed` (in one or several steps), then `token = seq.sample(logits)`,
 `delta = seq.append(token)`, until `seq.finished`; the KV cache is addressed by `seq.seq_id`.
+With speculative decoding a step verifies draft tokens instead: `tokens = seq.verify(rows,
+draft)`, `delta = seq.extend(tokens)`.
 """
 
 from __future__ import annotations
@@ -79,10 +81,42 @@ class Sequence:
     def sample(self, logits) -> int:
         """# logits: [vocab] float32 for the position after the last token -> next token id"""
         token = self._sampler(logits, self.token_ids, self.num_prompt_tokens)
-        if self.logprobs is not None:
-            logprob, top = top_logprobs(logits, token, self.params.logprobs)
-            self.logprobs.append(TokenLogprob(token, logprob, top))
+        self._log(logits, token)
         return token
+
+    def verify(self, rows, draft: list[int]) -> list[int]:
+        """# rows: [1 + len(draft), vocab] float32, the logits after the last token and after
+        each draft token -> the accepted drafts and one token more: each sampled exactly as
+        `sample` would after the tokens before it (penalties and processors see them)."""
+        out = []
+        for row, guess in zip(rows[: len(draft)], draft, strict=True):
+            token, accepted = self._sampler.verify(
+                row, self.token_ids + out, self.num_prompt_tokens, guess
+            )
+            self._log(row, token)
+            out.append(token)
+            if not accepted:
+                return out
+        token = self._sampler(rows[len(draft)], self.token_ids + out, self.num_prompt_tokens)
+        self._log(rows[len(draft)], token)
+        return out + [token]
+
+    def extend(self, tokens: list[int]) -> str:
+        """Append tokens until one ends the sequence (the rest are dropped, as if never
+        sampled) -> the text that became safe to show."""
+        delta = ""
+        for i, token in enumerate(tokens):
+            delta += self.append(token)
+            if self.finished:
+                if self.logprobs is not None:
+                    del self.logprobs[len(self.logprobs) - len(tokens) + i + 1 :]
+                break
+        return delta
+
+    def _log(self, row, token: int) -> None:
+        if self.logprobs is not None:
+            logprob, top = top_logprobs(row, token, self.params.logprobs)
+            self.logprobs.append(TokenLogprob(token, logprob, top))
 
     def append(self, token: int) -> str:
         """Add a generated token; return the text that became safe to show (may be empty)."""

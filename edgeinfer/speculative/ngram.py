@@ -1,0 +1,51 @@
+"""Prompt lookup: the last n tokens of a sequence (n = max_n down to min_n) are looked up in its
+own prompt and output, and the tokens that followed their latest earlier occurrence are the
+guess. Edits of code, summaries that quote and chats over documents copy long spans this way.
+"""
+
+from __future__ import annotations
+
+from edgeinfer.speculative.proposer import Proposer
+
+NGRAM_MAX = 4
+NGRAM_MIN = 1
+
+
+class _Index:
+    """For each n, the n-grams of one sequence's tokens -> where the tokens after their latest
+    occurrence start. Grown as tokens arrive; the last n-gram (nothing follows it yet) waits."""
+
+    def __init__(self, ns: range):
+        self.ns = ns
+        self.after: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in ns}
+        self.done = 0  # positions p < done have had every n-gram ending at p indexed
+
+    def update(self, tokens: list[int]) -> None:
+        for end in range(max(self.done, 1), len(tokens)):
+            for n in self.ns:
+                if end >= n:
+                    self.after[n][tuple(tokens[end - n : end])] = end
+        self.done = max(self.done, len(tokens))
+
+
+class NgramProposer(Proposer):
+    def __init__(self, max_n: int = NGRAM_MAX, min_n: int = NGRAM_MIN):
+        self.ns = range(max_n, min_n - 1, -1)  # longest match first
+        self._index: dict[int, _Index] = {}
+
+    def propose(self, seqs: list, ks: list[int]) -> list[list[int]]:
+        return [self._guess(seq, k) for seq, k in zip(seqs, ks, strict=True)]
+
+    def _guess(self, seq, k: int) -> list[int]:
+        tokens = seq.token_ids
+        index = self._index.setdefault(seq.seq_id, _Index(self.ns))
+        index.update(tokens)
+        for n in self.ns:
+            if len(tokens) > n:
+                at = index.after[n].get(tuple(tokens[-n:]))
+                if at is not None:
+                    return tokens[at : at + k]
+        return []
+
+    def forget(self, seq_id: int) -> None:
+        self._index.pop(seq_id, None)
