@@ -34,6 +34,9 @@ class EngineConfig:
     tokens only takes the fastest kernels for its size (int8 activations at a few sequences).
     speculative: None (off) or "ngram" (prompt lookup) proposes up to `spec_k` tokens per
     decoding sequence, verified in one step.
+    offload: "LAYERS@BACKEND" (e.g. "12-29@cuda:0", "0-5@cpu", "all@cuda"), a span of layers
+    that ggml's backend runs; gpu_layers: llama.cpp's -ngl, the last N layers on cuda (the head
+    too when N covers every layer). At most one of them (edgeinfer.ggml.placement).
     """
 
     threads: int | None = None
@@ -48,6 +51,8 @@ class EngineConfig:
     batch_invariant: bool = False
     speculative: str | None = None
     spec_k: int = 8
+    offload: str | None = None
+    gpu_layers: int | None = None
 
     def __post_init__(self):
         from edgeinfer.engine.kv_cache import check_kv_dtype
@@ -86,6 +91,15 @@ class EngineConfig:
         spec = self.speculative
         if spec is not None and spec != "ngram":
             raise ConfigError(f"speculative (--spec) must be 'ngram', got {spec!r}")
+        at_least("gpu_layers", 0, optional=True)
+        if self.offload is not None:
+            from edgeinfer.ggml.placement import check_offload
+
+            if self.gpu_layers:
+                raise ConfigError("give either --offload or --gpu-layers, not both")
+            if not isinstance(self.offload, str):
+                raise ConfigError(f"offload must be a string, got {self.offload!r}")
+            check_offload(self.offload)
 
     @property
     def step_logit_rows(self) -> int:

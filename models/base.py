@@ -14,6 +14,7 @@ when the file stores them back to back with one type, so one matmul serves them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,6 +26,9 @@ from edgeinfer.kernels.attention import self_attention
 from edgeinfer.kernels.norm import add_rms_norm, rms_norm
 from edgeinfer.kernels.rope import rope_inv_freq
 from edgeinfer.models.layout import tensor_shapes
+
+if TYPE_CHECKING:
+    from edgeinfer.ggml.placement import Span
 
 _NONE = np.zeros(0, np.float32)  # "absent" for optional norm weights and biases in kernels
 
@@ -38,7 +42,8 @@ class Batch:
     block_tables: int32[n_seqs, max_blocks]; logit_rows: int64[m], the tokens whose logits are
     wanted, strictly increasing (None: all n; m = n is all n too); row_wise: every matmul takes
     `kernels.matmul`'s row-wise path, so that each sequence gets the same bits whatever it is
-    batched with (False: the path is chosen by the batch size).
+    batched with (False: the path is chosen by the batch size; ROW_WISE_INT8: row-wise with
+    int8 activations, kernels.int8_gemm, the fast path for prompt rows).
     """
 
     token_ids: np.ndarray
@@ -47,7 +52,10 @@ class Batch:
     slots: np.ndarray
     block_tables: np.ndarray
     logit_rows: np.ndarray | None = None
-    row_wise: bool = False
+    row_wise: bool | str = False
+
+
+ROW_WISE_INT8 = "int8"  # Batch.row_wise: each row on its own, its activations rounded to int8
 
 
 class Linear:
@@ -68,9 +76,12 @@ class Linear:
         self._small_n_max = unit.small_n_max if fused else -1
         self.small = kernels.bind_stacked(parts, self.small_packed) if fused else None
         self.row_wise = kernels.bind_row_wise(parts)
+        self.row_int8 = kernels.bind_row_wise(parts, int8=True)
 
-    def __call__(self, x: np.ndarray, row_wise: bool = False) -> np.ndarray:
-        if row_wise:
+    def __call__(self, x: np.ndarray, row_wise: bool | str = False) -> np.ndarray:
+        if row_wise == ROW_WISE_INT8:
+            y = self.row_int8(x)
+        elif row_wise:
             y = self.row_wise(x)
         elif x.shape[0] <= self._small_n_max:
             y = self.small(x)
@@ -177,17 +188,33 @@ class DecoderModel:
     rope_neox: bool = False
     activation: int = SILU
 
-    def __init__(self, g: GGUFFile, config: ModelConfig):
+    def __init__(self, g: GGUFFile, config: ModelConfig, offload: Span | None = None):
+        """offload: layers (and maybe the head) that a ggml span executor will run: they are
+        not loaded here (None in self.layers), and `attach` hands the executor over."""
         self.config = config
+        self.offload = offload
+        self.executor = None
         w = WeightLoader(g, config)
         self.tok_embd = w.weight("token_embd.weight")  # [vocab, d]
         self.output_norm = w.vector("output_norm.weight")
-        head = "token_embd.weight" if config.tied_output else "output.weight"
-        self.output = Linear([self.tok_embd] if config.tied_output else [w.weight(head)])
-        if w.has("output.bias"):
-            self.output.bias = w.vector("output.bias")
+        self.output = None
+        if offload is None or not offload.head:
+            head = "token_embd.weight" if config.tied_output else "output.weight"
+            self.output = Linear([self.tok_embd] if config.tied_output else [w.weight(head)])
+            if w.has("output.bias"):
+                self.output.bias = w.vector("output.bias")
         self.freq_factors = w.vector("rope_freqs.weight")
-        self.layers = [self._load_layer(w, i) for i in range(config.n_layers)]
+        host = range(config.n_layers) if offload is None else self.host_layers(offload)
+        self.layers = [
+            self._load_layer(w, i) if i in host else None for i in range(config.n_layers)
+        ]
+
+    def host_layers(self, offload: Span) -> list[int]:
+        return [i for i in range(self.config.n_layers) if not offload.first <= i < offload.stop]
+
+    def attach(self, executor) -> None:
+        """The span executor for `self.offload` (edgeinfer.ggml.SpanExecutor)."""
+        self.executor = executor
 
     def _load_layer(self, w: WeightLoader, i: int) -> Layer:
         b = f"blk.{i}."
@@ -229,22 +256,52 @@ class DecoderModel:
 
     # -- forward --------------------------------------------------------------------------
 
-    def forward(self, batch: Batch, k_cache: list[np.ndarray], v_cache: list[np.ndarray]):
+    def forward(self, batch: Batch, k_cache: list, v_cache: list):
         """batch of n tokens -> float32[m, vocab] logits of batch.logit_rows (all n if None).
 
-        k_cache[i], v_cache[i]: layer i's block pools (see kernels.attention); the batch's K/V
-        are written into its slots.
+        k_cache[i], v_cache[i]: layer i's block pools (see kernels.attention; None for the
+        layers of a ggml span, whose cache is on its backend); the batch's K/V are written into
+        its slots. The span's executor takes the residual stream before its first layer and
+        returns the residual after its last, or the logits when it holds the head.
         """
-        c = self.config
-        eps = c.norm_eps
+        n = len(self.layers)
         x = kernels.embedding(self.tok_embd, batch.token_ids)  # [n, d] residual stream
         scale = self.embedding_scale()
         if scale != 1.0:
             x *= np.float32(scale)
-        h = rms_norm(x, self.layers[0].attn_norm, eps)
+        span = self.offload
+        first, stop = (span.first, span.stop) if span else (n, n)
+        x, h = self._host_layers(batch, x, 0, first, k_cache, v_cache)
+        if span:
+            x = self.executor(x, batch)
+            if span.head:
+                return self._softcap(x)
+            if stop == n and batch.logit_rows is not None:  # the head needs only these rows
+                x = x[batch.logit_rows]
+            x, h = self._host_layers(batch, x, stop, n, k_cache, v_cache)
+        return self._softcap(self.output(h, batch.row_wise))
+
+    def _softcap(self, logits: np.ndarray) -> np.ndarray:
+        if self.config.final_logit_softcap:
+            softcap_(logits, self.config.final_logit_softcap)
+        return logits
+
+    def _norm_before(self, i: int) -> np.ndarray:
+        """The norm applied to the residual before layer i (the output norm after the last).
+        Before a span's layer the normed stream is not used; the output norm stands in."""
+        if i == len(self.layers) or self.layers[i] is None:
+            return self.output_norm
+        return self.layers[i].attn_norm
+
+    def _host_layers(self, batch: Batch, x, lo: int, hi: int, k_cache: list, v_cache: list):
+        """Layers lo .. hi-1 on edgeinfer's kernels -> (residual, its norm for what follows)."""
+        c = self.config
+        eps = c.norm_eps
+        h = rms_norm(x, self._norm_before(lo), eps)
         last = len(self.layers) - 1
         row_wise = batch.row_wise
-        for i, L in enumerate(self.layers):
+        for i in range(lo, hi):
+            L = self.layers[i]
             attn = self_attention(
                 L.qkv(h, row_wise),
                 L.q_norm,
@@ -269,9 +326,5 @@ class DecoderModel:
                     x, o = x[batch.logit_rows], o[batch.logit_rows]
             h = add_rms_norm(x, o, L.post_attn_norm, L.ffn_norm, eps)
             f = L.down(gated_act(L.gate_up(h, row_wise), self.activation), row_wise)
-            next_norm = self.output_norm if i == last else self.layers[i + 1].attn_norm
-            h = add_rms_norm(x, f, L.post_ffn_norm, next_norm, eps)
-        logits = self.output(h, row_wise)
-        if c.final_logit_softcap:
-            softcap_(logits, c.final_logit_softcap)
-        return logits
+            h = add_rms_norm(x, f, L.post_ffn_norm, self._norm_before(i + 1), eps)
+        return x, h

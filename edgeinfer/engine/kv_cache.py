@@ -26,6 +26,9 @@ def check_kv_dtype(name: str) -> str:
 
 
 class KVCache:
+    """Pools for the layers in `layers` (default: all n_layers); k[i] and v[i] are None for a
+    layer whose cache lives elsewhere (a ggml span's, on its backend)."""
+
     def __init__(
         self,
         n_layers: int,
@@ -35,19 +38,26 @@ class KVCache:
         num_blocks: int,
         block_size: int = BLOCK_SIZE,
         dtype: str = "f16",
+        layers: list[int] | None = None,
     ):
         self.dtype = check_kv_dtype(dtype)
         self.block_size = block_size
         self.num_blocks = num_blocks
         storage = KV_DTYPES[dtype]
-        self.k_pool = np.zeros((n_layers, num_blocks, n_kv_heads, head_dim, block_size), storage)
-        self.v_pool = np.zeros((n_layers, num_blocks, n_kv_heads, block_size, v_head_dim), storage)
+        layers = list(range(n_layers)) if layers is None else layers
+        n = len(layers)
+        self.k_pool = np.zeros((n, num_blocks, n_kv_heads, head_dim, block_size), storage)
+        self.v_pool = np.zeros((n, num_blocks, n_kv_heads, block_size, v_head_dim), storage)
         # Per-layer views built once: the forward pass indexes lists, not 5-D arrays.
-        self.k = list(self.k_pool)
-        self.v = list(self.v_pool)
+        self.k: list[np.ndarray | None] = [None] * n_layers
+        self.v: list[np.ndarray | None] = [None] * n_layers
+        for j, i in enumerate(layers):
+            self.k[i], self.v[i] = self.k_pool[j], self.v_pool[j]
 
     @classmethod
-    def for_model(cls, config: ModelConfig, num_blocks: int, dtype: str = "f16") -> KVCache:
+    def for_model(
+        cls, config: ModelConfig, num_blocks: int, dtype: str = "f16", layers: list | None = None
+    ) -> KVCache:
         return cls(
             config.n_layers,
             config.n_kv_heads,
@@ -56,6 +66,7 @@ class KVCache:
             num_blocks,
             BLOCK_SIZE,
             dtype,
+            layers,
         )
 
     @property

@@ -71,9 +71,10 @@ def kv_layer_bytes_per_token(cfg: ModelConfig, kv_dtype: str) -> int:
     return cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim) * np.dtype(KV_DTYPES[kv_dtype]).itemsize
 
 
-def kv_block_bytes(cfg: ModelConfig, kv_dtype: str) -> int:
-    """One block of the paged cache: BLOCK_SIZE tokens on every layer."""
-    return cfg.n_layers * kv_layer_bytes_per_token(cfg, kv_dtype) * BLOCK_SIZE
+def kv_block_bytes(cfg: ModelConfig, kv_dtype: str, n_layers: int | None = None) -> int:
+    """One block of the paged cache: BLOCK_SIZE tokens on every layer (or on n_layers)."""
+    layers = cfg.n_layers if n_layers is None else n_layers
+    return layers * kv_layer_bytes_per_token(cfg, kv_dtype) * BLOCK_SIZE
 
 
 def kv_num_blocks(

@@ -20,6 +20,7 @@ from edgeinfer.engine.kv_cache import BLOCK_SIZE, KVCache
 from edgeinfer.engine.memory_plan import kv_block_bytes, kv_num_blocks, step_bytes, weights_bytes
 from edgeinfer.engine.scheduler import Chunk
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.ggml.placement import resolve
 from edgeinfer.gguf.model_config import ModelConfig
 from edgeinfer.gguf.reader import read_gguf
 from edgeinfer.models import load_model
@@ -41,7 +42,11 @@ class ModelRunner:
         self.threads = kernels.set_threads(config.threads)
         self.gguf = read_gguf(self.path)
         self.config = ModelConfig.from_gguf(self.gguf)
-        self.model = load_model(self.gguf, self.config)
+        self.span = resolve(config.offload, config.gpu_layers, self.config.n_layers)
+        self.model = load_model(self.gguf, self.config, self.span)
+        self.host_layers = (
+            self.model.host_layers(self.span) if self.span else list(range(self.config.n_layers))
+        )
         self.max_context = (
             config.ctx if config.ctx is not None else min(self.config.ctx_len, DEFAULT_CTX)
         )
@@ -55,12 +60,36 @@ class ModelRunner:
             f"{config.max_num_batched_tokens} tokens, logits of {config.step_logit_rows}"
         )
         self._check_kv_budget(config.kv_dtype, config.kv_budget)
-        self.kv = KVCache.for_model(self.config, self.num_blocks, config.kv_dtype)
+        self.kv = KVCache.for_model(self.config, self.num_blocks, config.kv_dtype, self.host_layers)
+        self.executor = None
+        if self.span is not None:
+            self.executor = self._span_executor(config)
         self.kv_source = (
             f"--kv-budget {human_bytes(config.kv_budget)}"
             if config.kv_budget is not None
             else f"ctx {self.max_context} x parallel {config.parallel}"
         )
+
+    def _span_executor(self, config: EngineConfig):
+        """The ggml executor of the offloaded span, handed to the model."""
+        from edgeinfer.ggml.span import SpanExecutor
+
+        ex = SpanExecutor(
+            self.model,
+            self.gguf,
+            self.span,
+            self.num_blocks,
+            BLOCK_SIZE,
+            config.kv_dtype,
+            config.max_num_batched_tokens,
+            config.step_logit_rows,
+            self.threads,  # ggml's OpenMP team and Numba's run in turn, never at once
+        )
+        if config.batch_invariant:  # the same bits whatever a token is batched with
+            ex.backend.set_reference(True)
+            ex.token_by_token = True
+        self.model.attach(ex)
+        return ex
 
     def _check_kv_budget(self, kv_dtype: str, kv_budget: int | None) -> None:
         """Refuse a KV cache that does not fit the RAM available now besides the weights, before
@@ -72,7 +101,7 @@ class ModelRunner:
                 f"a KV budget of {human_bytes(kv_budget)} is less than one "
                 f"{BLOCK_SIZE}-token block ({human_bytes(kv_block_bytes(self.config, kv_dtype))})"
             )
-        kv = num_blocks * kv_block_bytes(self.config, kv_dtype)
+        kv = num_blocks * kv_block_bytes(self.config, kv_dtype, len(self.host_layers))
         # mapped weights are not resident yet; they will be once the first pass reads them
         available = psutil.virtual_memory().available - weights_bytes(self.gguf)
         if kv + self.step_bytes > available:
@@ -92,7 +121,7 @@ class ModelRunner:
             f"{kv.num_blocks * kv.block_size} tokens, {human_bytes(kv.nbytes)} {kv.dtype} "
             f"({self.kv_source}); step buffers {human_bytes(self.step_bytes)} "
             f"({self._step_source})"
-        )
+        ) + (f"\n{self.executor.report()}" if self.executor else "")
 
     @cached_property
     def tokenizer(self):
