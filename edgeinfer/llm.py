@@ -71,10 +71,13 @@ class LLM:
     """A loaded model. `model` is a GGUF path or a short name (`edgeinfer pull` lists them).
 
     The keyword arguments are `EngineConfig`'s (threads, ctx, parallel, kv_budget, kv_dtype,
-    max_num_seqs, max_num_batched_tokens, max_wait_ms, prefix_caching, batch_invariant), or
+    max_num_seqs, max_num_batched_tokens, max_wait_ms, prefix_caching, batch_invariant,
+    speculative, spec_k), or
     pass a whole `config`. KV cache: `parallel` sequences of `ctx` tokens, or `kv_budget` bytes;
     any mix of requests shares it. `batch_invariant` makes every request's tokens the same as
     running it alone, bit for bit, at the price of a slower single-sequence decode.
+    `speculative="ngram"` drafts up to `spec_k` tokens per step from the prompt and output so
+    far and verifies them in one pass (README: Speculative decoding).
     """
 
     def __init__(self, model: str, config: EngineConfig | None = None, **knobs):

@@ -30,6 +30,7 @@ class ChatOptions:
     params: SamplingParams = field(
         default_factory=lambda: SamplingParams(max_tokens=sessions.DEFAULT_MAX_TOKENS)
     )
+    knobs: dict = field(default_factory=dict)  # more EngineConfig knobs (--spec, --spec-k)
 
 
 class ChatApp(App):
@@ -69,7 +70,7 @@ class ChatApp(App):
         o = self.options
         t0 = perf_counter()
         try:
-            llm, info = sessions.load(o.model, o.threads, o.ctx, self._report)
+            llm, info = sessions.load(o.model, o.threads, o.ctx, self._report, **o.knobs)
         except EdgeInferError as e:
             self._from_thread(self._fail, str(e))
             return

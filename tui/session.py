@@ -196,17 +196,24 @@ class ChatSession:
         blocks = self.llm.engine.blocks
         return blocks.num_used_blocks, blocks.num_blocks, blocks.num_cached_blocks
 
+    def drafts(self) -> tuple[int, int, int] | None:
+        """Speculative decoding's (drafts, proposed, accepted) tokens so far; None when off."""
+        s = self.llm.engine.speculator
+        return None if s is None else (s.num_drafts, s.num_proposed, s.num_accepted)
 
-def load(model: str, threads: int | None, ctx: int | None, progress) -> tuple[object, ModelInfo]:
+
+def load(
+    model: str, threads: int | None, ctx: int | None, progress, **knobs
+) -> tuple[object, ModelInfo]:
     """Resolve (pulling on first use), load and warm up a model. `progress(message, fraction)`
-    is called from this (worker) thread."""
+    is called from this (worker) thread; knobs: more EngineConfig knobs (speculative)."""
     from edgeinfer.gguf import hub
     from edgeinfer.llm import LLM
 
     path = hub.resolve_model(model, progress=lambda msg, fraction=None: progress(msg, fraction))
     progress("loading weights", None)
     # one conversation: one context's worth of KV blocks (earlier turns stay in it, cached)
-    llm = LLM(str(path), threads=threads, ctx=ctx, parallel=1)
+    llm = LLM(str(path), threads=threads, ctx=ctx, parallel=1, **knobs)
     progress("warming up kernels", None)
     # A few prompt tokens and one decode step compile (or load from Numba's cache) the prefill
     # and decode kernels, so the first real reply starts without a stall.

@@ -58,6 +58,7 @@ class StatsView:
     context_used: int
     context_max: int
     kv_blocks: tuple[int, int, int] | None  # used, total, cached
+    drafts: tuple[int, int, int] | None  # speculative decoding: drafts, proposed, accepted
     rss_bytes: int
     cpu_percent: float
 
@@ -97,6 +98,7 @@ class LiveStats:
             context_used=used,
             context_max=session.info.max_context,
             kv_blocks=session.kv_blocks(),
+            drafts=session.drafts(),
             rss_bytes=self._rss,
             cpu_percent=self._cpu,
         )

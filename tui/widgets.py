@@ -128,6 +128,7 @@ class StatsPanel(Vertical):
             ("context", f"{v.context_used}/{v.context_max}"),
             ("KV", f"{v.kv_blocks[0]}/{v.kv_blocks[1]} blk" if v.kv_blocks else "n/a"),
             ("cache", f"{v.kv_blocks[2]} blk" if v.kv_blocks else "n/a"),
+            *([("draft", _drafts(*v.drafts))] if v.drafts else []),
             ("RSS", human_bytes(v.rss_bytes)),
             ("CPU", f"{v.cpu_percent:.0f}% · {self._info.threads} thr"),
         ]
@@ -135,6 +136,13 @@ class StatsPanel(Vertical):
         self.query_one("#numbers", Static).update(
             Content("\n".join(f"{k:<{width}} {val}" for k, val in rows)), layout=False
         )
+
+
+def _drafts(drafts: int, proposed: int, accepted: int) -> str:
+    """Speculative decoding: the share of draft tokens accepted, and how many per draft."""
+    if not drafts:
+        return "–"
+    return f"{accepted / proposed:.0%} · {accepted / drafts:.1f}/step"
 
 
 def _ms(s: float | None) -> str:

@@ -11,11 +11,14 @@ from edgeinfer.cli.options import (
     MinP,
     ModelArg,
     Seed,
+    Spec,
+    SpecK,
     Temp,
     Threads,
     TopK,
     TopP,
     max_tokens_limit,
+    spec_knobs,
 )
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.gguf.hub import DEFAULT_MODEL
@@ -37,6 +40,8 @@ def chat(
         ),
     ] = None,
     seed: Seed = None,
+    spec: Spec = None,
+    spec_k: SpecK = None,
 ) -> None:
     """Chat with a model in the terminal: streaming replies, live tok/s, /help for commands."""
     from edgeinfer.config import EngineConfig
@@ -45,7 +50,9 @@ def chat(
     from edgeinfer.tui.session import DEFAULT_MAX_TOKENS
 
     limit = max_tokens_limit(DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
-    EngineConfig(threads=threads, ctx=ctx, parallel=1)  # bad counts fail before the screen opens
+    knobs = spec_knobs(spec, spec_k)
+    # bad knobs fail before the screen opens
+    EngineConfig(threads=threads, ctx=ctx, parallel=1, **knobs)
     params = SamplingParams(
         temperature=temp,
         top_k=top_k,
@@ -55,7 +62,7 @@ def chat(
         max_tokens=limit,
     )
     _check_model(model)
-    app = ChatApp(ChatOptions(model, threads, ctx, system, params))
+    app = ChatApp(ChatOptions(model, threads, ctx, system, params, knobs=knobs))
     app.run()
     if app.load_error is not None:  # e.g. a failed pull: the user saw it, the exit code says it
         raise EdgeInferError(app.load_error)

@@ -25,6 +25,24 @@ KVBudget = Annotated[
     str | None,
     typer.Option("--kv-budget", help="KV cache size instead of ctx x parallel, e.g. 512M, 2G."),
 ]
+Spec = Annotated[
+    str | None,
+    typer.Option(
+        "--spec",
+        help="Speculative decoding: 'ngram' drafts tokens by looking the last few up in the "
+        "prompt and output so far (fast on text that copies: code edits, quotes). Greedy "
+        "output is unchanged.",
+    ),
+]
+SpecK = Annotated[
+    int | None,
+    typer.Option("--spec-k", help="With --spec: most draft tokens per step (adapts below it)."),
+]
+
+
+def spec_knobs(spec: str | None, spec_k: int | None) -> dict:
+    """--spec / --spec-k as EngineConfig knobs (spec_k keeps its default when not given)."""
+    return {"speculative": spec} | ({} if spec_k is None else {"spec_k": spec_k})
 
 
 def kv_budget_bytes(text: str | None) -> int | None:

@@ -16,12 +16,15 @@ from edgeinfer.cli.options import (
     ModelArg,
     Parallel,
     Seed,
+    Spec,
+    SpecK,
     Temp,
     Threads,
     TopK,
     TopP,
     kv_budget_bytes,
     max_tokens_limit,
+    spec_knobs,
 )
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.gguf.hub import DEFAULT_MODEL
@@ -54,6 +57,8 @@ def run(
     ctx: Ctx = None,
     parallel: Parallel = 1,
     kv_budget: KVBudget = None,
+    spec: Spec = None,
+    spec_k: SpecK = None,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (text + metrics) instead.")
     ] = False,
@@ -80,7 +85,11 @@ def run(
         raise EdgeInferError("no prompt: pass one with -p/--prompt")
     limit = max_tokens_limit(max_tokens)
     config = EngineConfig(
-        threads=threads, ctx=ctx, parallel=parallel, kv_budget=kv_budget_bytes(kv_budget)
+        threads=threads,
+        ctx=ctx,
+        parallel=parallel,
+        kv_budget=kv_budget_bytes(kv_budget),
+        **spec_knobs(spec, spec_k),
     )
     params = SamplingParams(
         temperature=temp,
@@ -116,6 +125,14 @@ def run(
         print_logprobs(llm.tokenizer, stream.completion.logprobs)
     sys.stdout.flush()
     print(stream.completion.metrics.summary(), file=sys.stderr)
+    if config.speculative:
+        s = llm.stats()
+        print(
+            f"speculative ({config.speculative}): {s.spec_accepted_tokens} of "
+            f"{s.spec_proposed_tokens} draft tokens accepted ({s.spec_acceptance_rate:.0%}), "
+            f"{s.spec_mean_accepted:.2f} per draft",
+            file=sys.stderr,
+        )
 
 
 def print_logprobs(tokenizer, logprobs) -> None:

@@ -6,7 +6,17 @@ from typing import Annotated
 
 import typer
 
-from edgeinfer.cli.options import Ctx, KVBudget, ModelArg, Parallel, Threads, kv_budget_bytes
+from edgeinfer.cli.options import (
+    Ctx,
+    KVBudget,
+    ModelArg,
+    Parallel,
+    Spec,
+    SpecK,
+    Threads,
+    kv_budget_bytes,
+    spec_knobs,
+)
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.gguf.hub import DEFAULT_MODEL
 
@@ -60,6 +70,8 @@ def serve(
             "--batch-invariant", help="Each request's tokens the same as run alone (slower)."
         ),
     ] = False,
+    spec: Spec = None,
+    spec_k: SpecK = None,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (chat, completions, metrics)."""
     from edgeinfer.config import EngineConfig
@@ -76,6 +88,7 @@ def serve(
         kv_budget=kv_budget_bytes(kv_budget),
         max_num_seqs=max_num_seqs,
         batch_invariant=batch_invariant,
+        **spec_knobs(spec, spec_k),
     )
     keys = list(api_key or []) + (read_key_file(api_key_file) if api_key_file else [])
     try:

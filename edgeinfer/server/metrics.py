@@ -1,9 +1,9 @@
 """Prometheus metrics under vLLM's names, prefixed `edgeinfer:` and labelled by model_name.
 
 The engine's own state (running and waiting requests, KV blocks, prefix-cache lookups,
-preemptions) is read from `AsyncEngine.stats()` when scraped; what only the server sees (tokens
-per request, latencies, finish reasons) is counted as requests run. One registry per server,
-no global state.
+preemptions, speculative drafts) is read from `AsyncEngine.stats()` when scraped; what only the
+server sees (tokens per request, latencies, finish reasons) is counted as requests run. One
+registry per server, no global state.
 """
 
 from __future__ import annotations
@@ -56,6 +56,14 @@ class _EngineCollector:
             s.prefix_cache_hit_tokens,
         )
         yield counter("num_preemptions", "Requests preempted (recomputed).", s.preemptions)
+        # speculative decoding (0 when it is off), under vLLM's names
+        yield counter("spec_decode_num_drafts", "Drafts verified.", s.spec_drafts)
+        yield counter(
+            "spec_decode_num_draft_tokens", "Draft tokens verified.", s.spec_proposed_tokens
+        )
+        yield counter(
+            "spec_decode_num_accepted_tokens", "Draft tokens accepted.", s.spec_accepted_tokens
+        )
 
 
 class Metrics:
