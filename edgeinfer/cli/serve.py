@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -72,6 +73,13 @@ def serve(
     ] = False,
     spec: Spec = None,
     spec_k: SpecK = None,
+    chat_template_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--chat-template-file",
+            help="A Jinja chat template to use instead of the model's (as llama.cpp's).",
+        ),
+    ] = None,
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (chat, completions, metrics)."""
     from edgeinfer.config import EngineConfig
@@ -96,6 +104,7 @@ def serve(
     except ValueError as e:
         raise EdgeInferError(f"--max-body: {e}") from None
     rate, burst = (None, 1) if rate_limit is None else parse_rate(rate_limit)
+    template = None if chat_template_file is None else read_template(chat_template_file)
     settings = ServerSettings(
         model=model,
         model_name=model_name(model),
@@ -110,5 +119,21 @@ def serve(
         log_format=log_format,
         log_prompts=log_prompts,
         cors_origins=tuple(cors_origin or ()),
+        chat_template=template,
     )
     run(settings)
+
+
+def read_template(path: Path) -> str:
+    """A template file's text, compiled once here so that a bad one stops the start."""
+    from edgeinfer.tokenizer.chat_template import ChatTemplate
+
+    try:
+        source = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise EdgeInferError(f"--chat-template-file: cannot read {path}: {e}") from None
+    try:
+        ChatTemplate(source)
+    except EdgeInferError as e:
+        raise EdgeInferError(f"--chat-template-file {path}: {e}") from None
+    return source

@@ -74,12 +74,14 @@ class Requests:
             return self.tokenizer.encode(prompt, special=True)
         return check_token_ids(prompt, self.vocab_size)
 
-    def chat_token_ids(self, messages: Messages) -> list[int]:
+    def chat_token_ids(self, messages: Messages, template=None, **variables) -> list[int]:
         """The prompt a conversation becomes.
 
-        With a chat template: the rendered template, tokenized with special tokens parsed. A
-        base model has none; like Ollama (whose default template is the bare prompt) and
-        design.md, it then runs as a plain completion of the messages' contents, one per line.
+        With a chat template (`template`, a ChatTemplate, else the model's): the rendered
+        template, tokenized with special tokens parsed; `variables` (tools, ...) go to the
+        template. A base model has none; like Ollama (whose default template is the bare
+        prompt) and design.md, it then runs as a plain completion of the messages' contents,
+        one per line.
         """
         if not messages or not all(
             isinstance(m, dict)
@@ -88,9 +90,10 @@ class Requests:
             for m in messages
         ):
             raise PromptError("messages must be a non-empty list of {'role': str, 'content': str}")
-        if self.chat_template is None:
+        template = template or self.chat_template
+        if template is None:
             return self.encode("\n".join(m["content"] for m in messages))
-        ids = self.tokenizer.encode(self.chat_template.render(list(messages)), special=True)
+        ids = self.tokenizer.encode(template.render(list(messages), **variables), special=True)
         # templates that write the BOS token themselves would otherwise get a second one
         bos = self.tokenizer.bos_id
         if len(ids) > 1 and bos is not None and ids[0] == ids[1] == bos:

@@ -20,7 +20,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.server import completions, logs
+from edgeinfer.server import completions, logs, tools
 from edgeinfer.server.errors import APIError, bad_request, error_body
 from edgeinfer.server.metrics import CONTENT_TYPE
 from edgeinfer.server.protocol import (
@@ -28,7 +28,6 @@ from edgeinfer.server.protocol import (
     CompletionRequest,
     DetokenizeRequest,
     TokenizeRequest,
-    chat_messages,
     parse,
 )
 from edgeinfer.server.settings import ServerSettings
@@ -172,8 +171,8 @@ def create_app(settings: ServerSettings, state: ServerState | None = None) -> Fa
                         llm.tokenizer.encode, req.prompt, add_bos=add_bos, special=True
                     )
                 else:
-                    messages = chat_messages(req.messages)
-                    ids = await asyncio.to_thread(llm.chat_token_ids, messages)
+                    plan = tools.plan(req, state.template_source())
+                    ids = await state.chat_prompt(plan.messages, plan.template_tools)
             except EdgeInferError as e:
                 raise bad_request(str(e)) from None
             return JSONResponse(

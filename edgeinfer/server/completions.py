@@ -10,7 +10,7 @@ import time
 from fastapi.responses import JSONResponse
 from starlette.requests import Request
 
-from edgeinfer.server import sse
+from edgeinfer.server import sse, tools
 from edgeinfer.server.errors import APIError
 from edgeinfer.server.generate import Generation
 from edgeinfer.server.protocol import ChatRequest
@@ -31,21 +31,25 @@ async def generate(state: ServerState, request: Request, req, log: dict):
     chat = isinstance(req, ChatRequest)
     llm = engine.llm
     tokenizer = llm.tokenizer
+    plan = None
     if chat:
-        prompts = [req.chat_messages()]
+        plan = tools.plan(req, state.template_source())
+        state.check_prompt_size(["".join(m["content"] for m in plan.messages)], "messages")
+        if state.settings.log_prompts:
+            log["prompt"] = json.dumps(plan.messages)
+        prompts = [await state.chat_prompt(plan.messages, plan.template_tools)]
     else:
         prompts = req.prompts()
-    if chat:
-        state.check_prompt_size(["".join(m["content"] for m in prompts[0])], "messages")
-    else:
         state.check_prompt_size([p for p in prompts if isinstance(p, str)], "prompt")
-    if state.settings.log_prompts:
-        log["prompt"] = json.dumps(prompts[0] if len(prompts) == 1 else prompts)
+        if state.settings.log_prompts:
+            log["prompt"] = json.dumps(prompts[0] if len(prompts) == 1 else prompts)
     grammar = None
     fmt = req.response_format
-    if fmt is not None and fmt.type != "text":
-        if req.ignore_eos:
-            raise APIError(400, "ignore_eos cannot be combined with response_format", "ignore_eos")
+    if req.ignore_eos and (plan is not None and plan.grammar or fmt and fmt.type != "text"):
+        raise APIError(400, "ignore_eos cannot be combined with a constrained reply", "ignore_eos")
+    if plan is not None and plan.grammar is not None:
+        grammar = await state.grammar(lark=plan.grammar)
+    elif fmt is not None and fmt.type != "text":
         schema = {"type": "object"} if fmt.type == "json_object" else fmt.json_schema.schema_
         grammar = await state.grammar(schema if schema is not None else {})
     state.admit()
@@ -57,6 +61,7 @@ async def generate(state: ServerState, request: Request, req, log: dict):
         req.n,
         lambda i: choice_params(req, i, vocab, grammar),
         req.priority,
+        "messages" if chat else "prompt",
     )
     gen.start()
     state.generations.add(gen)
@@ -73,7 +78,7 @@ async def generate(state: ServerState, request: Request, req, log: dict):
                 log["finish_reason"] = "disconnect"
             log["done"](log)
 
-        return sse.EventStream(_stream(gen, shapes, req, echo, log), on_close=finish)
+        return sse.EventStream(_stream(gen, shapes, req, echo, plan, log), on_close=finish)
     try:
         await sse.until_disconnect(_drain(gen), request.receive)
     finally:
@@ -85,15 +90,13 @@ async def generate(state: ServerState, request: Request, req, log: dict):
         log["status"] = 499
         return JSONResponse({}, status_code=499)
     want_logprobs = req.num_logprobs is not None
-    choices = [
-        shapes.choice(
-            c.index,
-            (echo[c.prompt_index] if echo else "") + "".join(c.text),
-            c.logprobs if want_logprobs else None,
-            c.finish_reason,
-        )
-        for c in gen.choices
-    ]
+    choices = []
+    for c in gen.choices:
+        text = (echo[c.prompt_index] if echo else "") + "".join(c.text)
+        reply = tools.parse(text, plan.hermes) if plan and plan.offered else tools.Reply(text)
+        lp = c.logprobs if want_logprobs else None
+        finish = "tool_calls" if reply.calls else c.finish_reason
+        choices.append(shapes.choice(c.index, reply.content, lp, finish, reply.calls))
     return JSONResponse(shapes.response(choices, gen.usage()))
 
 
@@ -106,11 +109,15 @@ async def _drain(gen: Generation) -> None:
         pass
 
 
-async def _stream(gen: Generation, shapes: Shapes, req, echo, log):
+async def _stream(gen: Generation, shapes: Shapes, req, echo, plan, log):
     usage = req.include_usage
     want_logprobs = req.num_logprobs is not None
     opened: set[int] = set()
     offsets = [0] * len(gen.choices)  # completions: text offsets for logprobs
+    # tools offered: each choice's text passes a filter that holds back its calls
+    filters = (
+        [tools.StreamFilter(plan.hermes) for _ in gen.choices] if plan and plan.offered else None
+    )
     try:
         if echo:
             for c in gen.choices:
@@ -125,6 +132,8 @@ async def _stream(gen: Generation, shapes: Shapes, req, echo, log):
             if shapes.chat and index not in opened:
                 opened.add(index)
                 yield sse.frame(shapes.chunk(index, "", role=True, usage=usage))
+            if filters is not None:
+                text = filters[index].feed(text)
             if text or (want_logprobs and logprobs):
                 lp = logprobs if want_logprobs else None
                 yield sse.frame(
@@ -134,7 +143,15 @@ async def _stream(gen: Generation, shapes: Shapes, req, echo, log):
             if choice.finish_reason is not None:
                 if gen.aborted:
                     raise _shutdown()
-                yield sse.frame(shapes.chunk(index, None, finish=choice.finish_reason, usage=usage))
+                finish = choice.finish_reason
+                if filters is not None:
+                    reply = filters[index].finish()
+                    if reply.content or reply.calls:
+                        yield sse.frame(
+                            shapes.chunk(index, reply.content, tool_calls=reply.calls, usage=usage)
+                        )
+                    finish = "tool_calls" if reply.calls else finish
+                yield sse.frame(shapes.chunk(index, None, finish=finish, usage=usage))
         if usage:
             yield sse.frame(shapes.usage_chunk(gen.usage()))
         yield sse.DONE

@@ -48,6 +48,7 @@ class Generation:
         n: int,
         params: Callable[[int], SamplingParams],
         priority: int,
+        prompt_param: str = "prompt",
     ):
         self.id = uuid.uuid4().hex
         self.t_arrival = time.perf_counter()
@@ -58,6 +59,7 @@ class Generation:
         self._n = n
         self._params = params
         self._priority = -priority  # vLLM's priority: lower runs first; the engine's: higher
+        self._prompt_param = prompt_param  # the request field bad prompts are blamed on
         self.choices = [Choice(i, i // n) for i in range(len(prompts) * n)]
         self._queue: asyncio.Queue = asyncio.Queue()
         self._tasks: dict[int, asyncio.Task] = {}
@@ -92,13 +94,8 @@ class Generation:
                 self._engine_id(index),
             )
         except EdgeInferError as e:  # empty, too long, out-of-vocab ids, too big for the cache
-            raise bad_request(str(e), "messages" if self._chat else "prompt") from None
+            raise bad_request(str(e), self._prompt_param) from None
         self._tasks[index] = asyncio.create_task(self._pump(index, stream))
-
-    @property
-    def _chat(self) -> bool:
-        p = self._prompts[0]
-        return isinstance(p, list) and bool(p) and isinstance(p[0], dict)
 
     async def _pump(self, index: int, stream: AsyncIterator[RequestOutput]) -> None:
         try:

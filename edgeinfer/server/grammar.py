@@ -59,13 +59,27 @@ class GrammarCompiler:
     def compile(self, schema: dict) -> Grammar:
         from llguidance import LLMatcher
 
+        return self._checked(
+            lambda: LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=_OPTIONS),
+            "response_format",
+        )
+
+    def compile_lark(self, lark: str, param: str) -> Grammar:
+        """A grammar in llguidance's Lark syntax (JSON schemas embedded with %json)."""
+        from llguidance import LLMatcher
+
+        return self._checked(lambda: LLMatcher.grammar_from_lark(lark), param)
+
+    def _checked(self, build, param: str) -> Grammar:
+        from llguidance import LLMatcher
+
         try:
-            grammar = LLMatcher.grammar_from_json_schema(json.dumps(schema), defaults=_OPTIONS)
+            grammar = build()
         except (ValueError, TypeError) as e:
-            raise bad_request(f"invalid JSON schema: {e}", "response_format") from None
+            raise bad_request(f"invalid JSON schema: {e}", param) from None
         error = LLMatcher.validate_grammar(grammar, self._tokenizer)
         if error and not error.startswith("WARNING"):
-            raise bad_request(f"unsupported JSON schema: {error}", "response_format")
+            raise bad_request(f"unsupported JSON schema: {error}", param)
         return Grammar(self._tokenizer, grammar, self.vocab_size, self.eos_ids)
 
 

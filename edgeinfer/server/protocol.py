@@ -17,6 +17,7 @@ from edgeinfer.server.errors import APIError
 MAX_N = 16
 MAX_STOP = 16
 MAX_LOGPROBS = 20
+MAX_TOOLS = 128
 
 Seed = Annotated[int, Field(ge=-(2**63), lt=2**64)]
 TokenId = Annotated[int, Field(ge=0)]
@@ -88,10 +89,31 @@ class TextPart(_Body):
     text: str
 
 
+class FunctionCall(_Body):
+    name: Annotated[str, Field(min_length=1)]
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(_Body):
+    """A call an earlier assistant turn made (sent back in `messages`)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class Message(_Body):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: Annotated[list[ToolCall], Field(max_length=MAX_TOOLS)] | None = None
+    tool_call_id: str | None = None  # role "tool": the call this message answers
+
+    @model_validator(mode="after")
+    def _check_tool_fields(self):
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        return self
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -99,8 +121,54 @@ class Message(_Body):
         return self.content or ""
 
 
-class ChatRequest(_Sampling):
+class FunctionDef(_Body):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; none: no arguments
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class _Conversation(_Body):
+    """Messages and the tools offered with them (chat, and /tokenize of messages)."""
+
     messages: Annotated[list[Message], Field(min_length=1)]
+    tools: Annotated[list[Tool], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+    @model_validator(mode="after")
+    def _check_tools(self):
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            raise ValueError("tools: function names must be unique")
+        choice = self.tool_choice
+        if choice not in (None, "none") and not names:
+            raise ValueError("tool_choice needs tools")
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise ValueError(f"tool_choice names {choice.function.name!r}, which is not in tools")
+        return self
+
+    @property
+    def calls_tools(self) -> bool:
+        """Whether the model is offered the tools (tool_choice defaults to auto with tools)."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+
+class ChatRequest(_Sampling, _Conversation):
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     logprobs: bool = False
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
@@ -109,6 +177,9 @@ class ChatRequest(_Sampling):
     def _check_logprobs(self):
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs set to true")
+        fmt = self.response_format
+        if self.calls_tools and fmt is not None and fmt.type != "text":
+            raise ValueError("response_format cannot be combined with tools")
         return self
 
     @property
@@ -118,18 +189,6 @@ class ChatRequest(_Sampling):
     @property
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
-
-    def chat_messages(self) -> list[dict]:
-        return chat_messages(self.messages)
-
-
-def chat_messages(messages: list[Message]) -> list[dict]:
-    """Messages as the chat template takes them."""
-    # "developer" is OpenAI's newer name for "system"; templates know the old one
-    return [
-        {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-        for m in messages
-    ]
 
 
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
@@ -175,7 +234,7 @@ class CompletionRequest(_Sampling):
         return list(p)
 
 
-class TokenizeRequest(_Body):
+class TokenizeRequest(_Conversation):
     model: str | None = None
     prompt: str | None = None
     messages: Annotated[list[Message], Field(min_length=1)] | None = None

@@ -25,10 +25,19 @@ class Shapes:
         obj = "chat.completion" if self.chat else "text_completion"
         return {**self._head(obj), "choices": choices, "usage": usage}
 
-    def choice(self, index: int, text: str, logprobs: list[TokenLogprob] | None, finish: str):
+    def choice(
+        self,
+        index: int,
+        text: str | None,
+        logprobs: list[TokenLogprob] | None,
+        finish: str,
+        tool_calls: list[dict] | None = None,
+    ):
         lp = None if logprobs is None else self.logprobs(logprobs, 0)
         if self.chat:
             message = {"role": "assistant", "content": text}
+            if tool_calls:
+                message["tool_calls"] = tool_calls
             return {"index": index, "message": message, "logprobs": lp, "finish_reason": finish}
         return {"index": index, "text": text, "logprobs": lp, "finish_reason": finish}
 
@@ -43,9 +52,11 @@ class Shapes:
         role: bool = False,
         text_offset: int = 0,
         usage: bool = False,
+        tool_calls: list[dict] | None = None,
     ) -> dict:
         """One choice's delta. role: the first chunk of a chat choice; usage: add
-        "usage": null, as OpenAI does on every chunk when the usage chunk is asked for."""
+        "usage": null, as OpenAI does on every chunk when the usage chunk is asked for;
+        tool_calls: whole calls, each with its index in the delta as OpenAI streams them."""
         lp = None if logprobs is None else self.logprobs(logprobs, text_offset)
         if self.chat:
             delta = {}
@@ -53,6 +64,8 @@ class Shapes:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
+            if tool_calls:
+                delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(tool_calls)]
             c = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}
             body = {**self._head("chat.completion.chunk"), "choices": [c]}
         else:

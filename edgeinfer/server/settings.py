@@ -15,6 +15,7 @@ class ServerSettings:
     engine_kwargs: the `LLM` knobs (threads, ctx, parallel, kv_budget, ...).
     max_queue: sequences that may wait for a slot before new requests get 503 (None: no bound).
     rate_per_s / rate_burst: per-key request rate (None: no limit).
+    chat_template: a template's source that replaces the model's (--chat-template-file).
     """
 
     model: str
@@ -30,6 +31,7 @@ class ServerSettings:
     log_format: str = "text"
     log_prompts: bool = False
     cors_origins: tuple[str, ...] = ()
+    chat_template: str | None = None
 
     def __post_init__(self):
         if not 0 <= self.port < 65536:

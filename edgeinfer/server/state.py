@@ -13,10 +13,11 @@ from contextlib import asynccontextmanager
 
 from starlette.requests import Request
 
+from edgeinfer.errors import EdgeInferError
 from edgeinfer.server import logs
 from edgeinfer.server.admission import RateLimiter, check_queue
 from edgeinfer.server.auth import KeyChecker
-from edgeinfer.server.errors import APIError
+from edgeinfer.server.errors import APIError, bad_request
 from edgeinfer.server.generate import Generation
 from edgeinfer.server.grammar import Grammar, GrammarCompiler
 from edgeinfer.server.metrics import Metrics
@@ -42,6 +43,7 @@ class ServerState:
         self._grammars: GrammarCompiler | None = None
         self._longest_token: int | None = None  # bytes
         self._grammar_lock = asyncio.Lock()
+        self._chat_template = None  # --chat-template-file's, compiled once the model is loaded
 
     def _stats(self):
         return None if self.engine is None else self.engine.stats()
@@ -150,10 +152,41 @@ class ServerState:
         in_flight = sum(g.num_sequences for g in self.generations)
         check_queue(max(0, in_flight - self.engine.stats().running), self.settings.max_queue)
 
-    async def grammar(self, schema: dict) -> Grammar:
-        """Compile a JSON schema (off the event loop: llguidance may take a while)."""
+    def chat_template(self):
+        """What chat requests are rendered with: --chat-template-file's template, else the
+        model's (None: a base model, whose messages run as plain text)."""
+        if self.settings.chat_template is None:
+            return self.engine.llm.chat_template
+        if self._chat_template is None:
+            from edgeinfer.tokenizer.chat_template import ChatTemplate
+
+            source, tokenizer = self.settings.chat_template, self.engine.llm.tokenizer
+            self._chat_template = ChatTemplate.for_tokenizer(source, tokenizer)
+        return self._chat_template
+
+    def template_source(self) -> str | None:
+        template = self.chat_template()
+        return None if template is None else template.source
+
+    async def chat_prompt(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+        """Token ids of a conversation (off the event loop: a long one takes a while); a
+        template that fails on it is a 400."""
+        variables = {} if tools is None else {"tools": tools}
+        requests = self.engine.llm.requests
+        try:
+            return await asyncio.to_thread(
+                requests.chat_token_ids, messages, self.chat_template(), **variables
+            )
+        except EdgeInferError as e:
+            raise bad_request(str(e), "messages") from None
+
+    async def grammar(self, schema: dict | None = None, lark: str | None = None) -> Grammar:
+        """Compile a JSON schema (response_format) or a Lark grammar (tools), off the event
+        loop: llguidance may take a while."""
         async with self._grammar_lock:
             if self._grammars is None:
                 tokenizer = self.engine.llm.tokenizer
                 self._grammars = await asyncio.to_thread(GrammarCompiler, tokenizer)
+        if lark is not None:
+            return await asyncio.to_thread(self._grammars.compile_lark, lark, "tools")
         return await asyncio.to_thread(self._grammars.compile, schema)

@@ -135,10 +135,19 @@ class ChatTemplate:
         if not isinstance(source, str) or not source.strip():
             return None
         if tokenizer is not None:
-            texts, bos, eos = tokenizer.vocab.tokens, tokenizer.bos_id, tokenizer.eos_id
-        else:
-            texts = g.metadata.get("tokenizer.ggml.tokens") or []
-            bos, eos = bos_eos_ids(g.metadata)
+            return cls.for_tokenizer(source, tokenizer)
+        texts = g.metadata.get("tokenizer.ggml.tokens") or []
+        return cls._with_specials(source, texts, *bos_eos_ids(g.metadata))
+
+    @classmethod
+    def for_tokenizer(cls, source: str, tokenizer) -> ChatTemplate:
+        """`source` (a template given by the user, say) with the tokenizer's BOS/EOS texts."""
+        return cls._with_specials(
+            source, tokenizer.vocab.tokens, tokenizer.bos_id, tokenizer.eos_id
+        )
+
+    @classmethod
+    def _with_specials(cls, source: str, texts, bos: int | None, eos: int | None) -> ChatTemplate:
         return cls(
             source,
             bos_token=texts[bos] if bos is not None else "",
