@@ -123,6 +123,11 @@ class LLM:
         """The KV cache's size and where it came from, in one line."""
         return self._runner.kv_report()
 
+    def placement(self) -> str:
+        """Which layers run where (edgeinfer's kernels, a ggml backend) and what a ggml span
+        holds on its device, in one line."""
+        return self._runner.placement()
+
     def stats(self) -> EngineStats:
         return self.engine.stats()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from cli_checks import edgeinfer, one_error_line
 from llama_oracle import oracle, oracle_logits
 
 from edgeinfer.engine.memory_plan import kv_block_bytes
@@ -212,3 +213,48 @@ def test_an_abi_mismatch_is_refused(monkeypatch):
     monkeypatch.setattr(lib, "GGML_OBJECT_SIZE", 40)
     with pytest.raises(lib.GGMLError, match="ggml_tensor_overhead"):
         lib.check_abi(lib.load())
+
+
+def test_cli_bad_split_is_one_line_and_exit_2(llama_f32):
+    r = edgeinfer("run", str(llama_f32), "-p", "hello", "-n", "2", "--offload", "5-9@cpu")
+    one_error_line(r, "out of range")
+    r = edgeinfer("run", str(llama_f32), "-p", "hello", "-n", "2", "--gpu-layers", "2")
+    one_error_line(r, "make cuda")
+
+
+def test_info_plans_host_and_device_memory_separately(llama_f32):
+    import json
+
+    r = edgeinfer("info", str(llama_f32), "--json", "--ctx", "64", "--offload", "1+head@cpu")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    whole = json.loads(edgeinfer("info", str(llama_f32), "--json", "--ctx", "64").stdout)
+    host, dev = data["memory"], data["device"]
+    # the host keeps layer 0's KV only; the device holds layer 1's, in rows of the same slots
+    assert host["kv_bytes"] * 2 == whole["memory"]["kv_bytes"]
+    rows = 256  # 1 scratch row + 4 blocks x 16 slots, in steps of 256 rows
+    assert dev["kv_bytes"] == rows * 2 * 2 * 64 * 2  # rows x (K + V) x kv_heads x head_dim x f16
+    assert dev["weights_bytes"] == 0 and dev["host_memory"] and dev["fits"]
+    assert dev["span"] == "layer 1 + head on ggml cpu"
+    one_error_line(edgeinfer("info", str(llama_f32), "--gpu-layers", "1"), "make cuda")
+
+
+def test_the_chat_stats_say_which_layers_run_where(llama_f32):
+    from test_tui import SHORT, notices, run, send
+
+    from edgeinfer.tui import session as sessions
+    from edgeinfer.tui.app import ChatApp, ChatOptions
+
+    llm = LLM(str(llama_f32), ctx=64, offload="1+head@cpu")
+    assert llm.placement().startswith("layer 1 + head on ggml cpu: CPU")
+    assert llm.placement().endswith("; layer 0 on edgeinfer's kernels")
+    info = sessions.describe(llm, llama_f32)
+    app = ChatApp(ChatOptions(model=str(llama_f32), params=SHORT), loaded=(llm, info))
+
+    async def script(pilot):
+        await send(pilot, "/stats")
+        await pilot.pause()
+        line = notices(app)[-1]
+        assert "layer 1 + head on ggml cpu" in line and "KV cache 256.0 KiB" in line
+
+    run(app, (160, 30), script)

@@ -231,7 +231,8 @@ class ChatScreen(Screen):
         )
         types = f" ({info.tensor_types})" if info.tensor_types else ""
         panel = "shown" if self.stats_on else "hidden"
-        await self._notice(f"{info.name}: {info.quant}{bpw}{types}. Stats panel {panel}.")
+        where = f" {info.placement}." if info.placement else ""
+        await self._notice(f"{info.name}: {info.quant}{bpw}{types}.{where} Stats panel {panel}.")
 
     async def _cmd_help(self, arg: str) -> None:
         await self.query_one(ConversationPane).add(

@@ -41,6 +41,7 @@ class ModelInfo:
     chat: bool  # False: a base model without a chat template, run as plain completion
     bits_per_weight: float | None = None  # tensor data bits over weights, the whole file
     tensor_types: str = ""  # e.g. "Q4_1 x 181, F32 x 61, Q8_0 x 31", most tensors first
+    placement: str = ""  # which layers run where (LLM.placement)
 
 
 @dataclass(frozen=True)
@@ -237,6 +238,7 @@ def describe(llm, path: Path, name: str | None = None) -> ModelInfo:
         chat=llm.chat_template is not None,
         bits_per_weight=bits_per_weight(llm.gguf),
         tensor_types=", ".join(f"{t} x {n}" for t, n in type_counts(llm.gguf).items()),
+        placement=llm.placement(),
     )
 
 

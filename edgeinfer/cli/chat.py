@@ -8,8 +8,10 @@ import typer
 
 from edgeinfer.cli.options import (
     Ctx,
+    GpuLayers,
     MinP,
     ModelArg,
+    Offload,
     Seed,
     Spec,
     SpecK,
@@ -18,6 +20,7 @@ from edgeinfer.cli.options import (
     TopK,
     TopP,
     max_tokens_limit,
+    offload_knobs,
     spec_knobs,
 )
 from edgeinfer.errors import EdgeInferError
@@ -40,6 +43,8 @@ def chat(
         ),
     ] = None,
     seed: Seed = None,
+    offload: Offload = None,
+    gpu_layers: GpuLayers = None,
     spec: Spec = None,
     spec_k: SpecK = None,
 ) -> None:
@@ -50,7 +55,7 @@ def chat(
     from edgeinfer.tui.session import DEFAULT_MAX_TOKENS
 
     limit = max_tokens_limit(DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
-    knobs = spec_knobs(spec, spec_k)
+    knobs = spec_knobs(spec, spec_k) | offload_knobs(offload, gpu_layers)
     # bad knobs fail before the screen opens
     EngineConfig(threads=threads, ctx=ctx, parallel=1, **knobs)
     params = SamplingParams(

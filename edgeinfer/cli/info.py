@@ -10,8 +10,10 @@ from typing import Annotated
 
 import typer
 
+from edgeinfer.cli.options import GpuLayers, Offload
 from edgeinfer.engine import memory_plan
 from edgeinfer.engine.kv_cache import KV_DTYPES
+from edgeinfer.errors import EdgeInferError
 from edgeinfer.gguf.hub import MODELS, resolve_model
 from edgeinfer.gguf.model_config import ModelConfig
 from edgeinfer.gguf.reader import GGUFFile, read_gguf
@@ -32,25 +34,85 @@ def type_histogram(g: GGUFFile) -> dict[str, dict[str, int]]:
     return dict(sorted(hist.items(), key=lambda kv: -kv[1]["bytes"]))
 
 
-def repacked_bytes(g) -> int:
+def repacked_bytes(g, span=None) -> int:
     """Bytes the kernels copy out of the mapping at load (their repacks are views where they
-    can be); each weight is prepared as a model load would, which touches no weight pages."""
+    can be); each weight is prepared as a model load would, which touches no weight pages.
+    The layers of a ggml span load nothing on the host."""
     from edgeinfer import kernels  # imports Numba: only when info runs
+    from edgeinfer.ggml.layers import MATRICES
 
+    skip = set()
+    if span is not None:
+        skip = {f"blk.{i}.{s}" for i in range(span.first, span.stop) for s in MATRICES.values()}
     return sum(
         kernels.QuantWeight.from_raw(
             g.tensor_data(name), t.qtype, (t.n_elements // t.shape[-1], t.shape[-1])
         ).extra_nbytes
         for name, t in g.tensors.items()
+        if name not in skip
     )
 
 
-def gather(path: Path, ctx: int | None, parallel: int, kv_dtype: str) -> dict:
+def device_plan(g, cfg, span, mem: dict) -> dict:
+    """A ggml span's memory on its device (weights, KV cache, a step's buffers) against the
+    device's free memory as ggml reports it; a host device shares the RAM the host plan uses."""
+    from edgeinfer.config import PREFILL_CHUNK
+    from edgeinfer.ggml.backends import open_backend
+    from edgeinfer.ggml.span import SpanExecutor
+
+    backend = open_backend(span.backend)
+    try:
+        free, _ = backend.memory()
+        host, device = backend.is_host, backend.describe()
+    finally:
+        backend.close()
+    blocks = memory_plan.kv_num_blocks(cfg, mem["ctx"], mem["parallel"], mem["kv_dtype"])
+    tokens = min(PREFILL_CHUNK, mem["ctx"])
+    need = SpanExecutor.planned_bytes(
+        g, cfg, span, blocks, mem["kv_dtype"], tokens, mem["parallel"], host
+    )
+    total = sum(need.values())
+    shared = mem["total_bytes"] if host else 0  # the host plan draws on the same RAM
+    return {
+        "span": span.describe(),
+        "device": device,
+        "host_memory": host,
+        "weights_bytes": need["weights"],
+        "kv_bytes": need["KV cache"],
+        "compute_bytes": need["compute"],
+        "total_bytes": total,
+        "free_bytes": free,
+        "fits": total + shared <= free,
+    }
+
+
+def gather(
+    path: Path,
+    ctx: int | None,
+    parallel: int,
+    kv_dtype: str,
+    offload: str | None = None,
+    gpu_layers: int | None = None,
+) -> dict:
     """Everything `info` reports, as one JSON-able dict (the --json output)."""
+    from edgeinfer.ggml.placement import check_offload, resolve
+
     with read_gguf(path) as g:
         cfg = ModelConfig.from_gguf(g)
+        if offload is not None:
+            check_offload(offload)
+        span = resolve(offload, gpu_layers, cfg.n_layers)
+        host = None if span is None else [
+            i for i in range(cfg.n_layers) if not span.first <= i < span.stop
+        ]  # fmt: skip
         plan = memory_plan.plan(
-            cfg, g, ctx=ctx, parallel=parallel, kv_dtype=kv_dtype, repacked_bytes=repacked_bytes(g)
+            cfg,
+            g,
+            ctx=ctx,
+            parallel=parallel,
+            kv_dtype=kv_dtype,
+            repacked_bytes=repacked_bytes(g, span),
+            host_layers=host,
         )
         tensor_bytes = memory_plan.weights_bytes(g)
         return {
@@ -79,6 +141,7 @@ def gather(path: Path, ctx: int | None, parallel: int, kv_dtype: str) -> dict:
             },
             "chat_template": g.get("tokenizer.chat_template") is not None,
             "memory": plan.as_dict(),
+            "device": None if span is None else device_plan(g, cfg, span, plan.as_dict()),
         }
 
 
@@ -112,6 +175,8 @@ def render(info: dict) -> str:
             f"{human_bytes(row['bytes']):>11}"
         )
     lines += render_plan(mem)
+    if info.get("device"):
+        lines += render_device(info["device"])
     if mem["ctx"] > info["context_length"]:
         lines.append(f"  note: ctx {mem['ctx']} is beyond the trained {info['context_length']}")
     return "\n".join(lines)
@@ -159,6 +224,22 @@ def render_plan(mem: dict) -> list[str]:
     return out
 
 
+def render_device(dev: dict) -> list[str]:
+    where = "host RAM, shared with the plan above" if dev["host_memory"] else "device memory"
+    rows = [
+        ("weights", dev["weights_bytes"], "mapped from the file" if dev["host_memory"] else ""),
+        ("KV cache", dev["kv_bytes"], ""),
+        ("compute buffers", dev["compute_bytes"], "estimate: a full prefill chunk"),
+        ("total", dev["total_bytes"], ""),
+        ("free now", dev["free_bytes"], where),
+    ]
+    out = [f"device plan: {dev['span']}", f"  device                  {dev['device']}"]
+    for label, value, note in rows:
+        out.append(f"  {label:<24}{human_bytes(value):>13}" + (f"   ({note})" if note else ""))
+    out.append(f"  {'fits':<24}{'yes' if dev['fits'] else 'NO':>13}")
+    return out
+
+
 def info(
     model: Annotated[
         str, typer.Argument(help=f"a .gguf file or a short name ({', '.join(MODELS)})")
@@ -172,7 +253,13 @@ def info(
     ] = None,
     parallel: Annotated[int, typer.Option(min=1, help="concurrent sequences")] = 1,
     kv_dtype: Annotated[KVDtype, typer.Option(help="KV cache element type")] = KVDtype["f16"],
+    offload: Offload = None,
+    gpu_layers: GpuLayers = None,
 ) -> None:
-    """Show a model's metadata, tensor types and memory plan."""
-    data = gather(resolve_model(model), ctx, parallel, kv_dtype.value)
+    """Show a model's metadata, tensor types and memory plan (with --gpu-layers or --offload:
+    host and device memory planned separately)."""
+    if offload is not None and gpu_layers:
+        raise EdgeInferError("give either --offload or --gpu-layers, not both")
+    path = resolve_model(model)
+    data = gather(path, ctx, parallel, kv_dtype.value, offload, gpu_layers)
     typer.echo(json.dumps(data, indent=2) if as_json else render(data))

@@ -61,3 +61,27 @@ def max_tokens_limit(max_tokens: int) -> int | None:
     if max_tokens == 0 or max_tokens < -1:
         raise EdgeInferError(f"-n/--max-tokens must be >= 1 or -1 (got {max_tokens})")
     return None if max_tokens == -1 else max_tokens
+
+
+Offload = Annotated[
+    str | None,
+    typer.Option(
+        "--offload",
+        help="Run a span of layers through llama.cpp's ggml backend: LAYERS@BACKEND, e.g. "
+        "12-29@cuda:0, 0-5@cpu, 20-29+head@cuda (the output head too), all@cuda. BACKEND: cpu "
+        "(ggml's CPU kernels) or cuda[:N] (build it with `make cuda`).",
+    ),
+]
+GpuLayers = Annotated[
+    int | None,
+    typer.Option(
+        "--gpu-layers",
+        help="llama.cpp's -ngl: the last N layers on the GPU (cuda), the output head too when N "
+        "covers every layer.",
+    ),
+]
+
+
+def offload_knobs(offload: str | None, gpu_layers: int | None) -> dict:
+    """--offload / --gpu-layers as EngineConfig knobs (none when neither is given)."""
+    return {k: v for k, v in (("offload", offload), ("gpu_layers", gpu_layers)) if v is not None}

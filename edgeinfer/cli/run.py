@@ -11,9 +11,11 @@ import typer
 
 from edgeinfer.cli.options import (
     Ctx,
+    GpuLayers,
     KVBudget,
     MinP,
     ModelArg,
+    Offload,
     Parallel,
     Seed,
     Spec,
@@ -24,6 +26,7 @@ from edgeinfer.cli.options import (
     TopP,
     kv_budget_bytes,
     max_tokens_limit,
+    offload_knobs,
     spec_knobs,
 )
 from edgeinfer.errors import EdgeInferError
@@ -57,6 +60,8 @@ def run(
     ctx: Ctx = None,
     parallel: Parallel = 1,
     kv_budget: KVBudget = None,
+    offload: Offload = None,
+    gpu_layers: GpuLayers = None,
     spec: Spec = None,
     spec_k: SpecK = None,
     json_out: Annotated[
@@ -89,6 +94,7 @@ def run(
         ctx=ctx,
         parallel=parallel,
         kv_budget=kv_budget_bytes(kv_budget),
+        **offload_knobs(offload, gpu_layers),
         **spec_knobs(spec, spec_k),
     )
     params = SamplingParams(

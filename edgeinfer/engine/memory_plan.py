@@ -44,7 +44,7 @@ class MemoryPlan:
     kv_dtype: str
     weights_bytes: int  # tensor bytes, memory-mapped from the file
     repacked_bytes: int | None  # kernels' load-time copies (None: not estimated)
-    kv_bytes_per_token: int  # all layers, one token of one sequence
+    kv_bytes_per_token: int  # all layers kept in RAM, one token of one sequence
     sliding_layers: int  # layers that attend only to a window of recent tokens
     sliding_window: int | None
     kv_bytes: int  # ctx × parallel in whole 16-token blocks, every layer every token
@@ -86,19 +86,26 @@ def kv_num_blocks(
     return _blocks(ctx) * parallel
 
 
-def n_sliding_layers(cfg: ModelConfig) -> int:
-    return sum(cfg.is_sliding(i) for i in range(cfg.n_layers))
+def n_sliding_layers(cfg: ModelConfig, layers: range | list | None = None) -> int:
+    return sum(cfg.is_sliding(i) for i in (range(cfg.n_layers) if layers is None else layers))
 
 
 def kv_bytes(
-    cfg: ModelConfig, ctx: int, parallel: int, kv_dtype: str, window_capped: bool = False
+    cfg: ModelConfig,
+    ctx: int,
+    parallel: int,
+    kv_dtype: str,
+    window_capped: bool = False,
+    layers: range | list | None = None,
 ) -> int:
-    """KV cache bytes for `parallel` sequences of `ctx` tokens each, in whole blocks."""
+    """KV cache bytes for `parallel` sequences of `ctx` tokens each, in whole blocks, of the
+    given layers (default: all; a ggml span's layers keep theirs on its backend)."""
+    layers = range(cfg.n_layers) if layers is None else layers
     per_layer_block = kv_layer_bytes_per_token(cfg, kv_dtype) * BLOCK_SIZE
     full_blocks = _blocks(ctx)
-    n_sliding = n_sliding_layers(cfg) if window_capped else 0
+    n_sliding = n_sliding_layers(cfg, layers) if window_capped else 0
     window_blocks = min(full_blocks, _blocks(cfg.sliding_window or ctx) + 1)
-    blocks = (cfg.n_layers - n_sliding) * full_blocks + n_sliding * window_blocks
+    blocks = (len(layers) - n_sliding) * full_blocks + n_sliding * window_blocks
     return blocks * per_layer_block * parallel
 
 
@@ -120,18 +127,21 @@ def weights_bytes(g: GGUFFile) -> int:
     return sum(t.nbytes for t in g.tensors.values())
 
 
-def _needed(cfg, fixed: int, ctx: int, parallel: int, kv_dtype: str) -> int:
-    return fixed + kv_bytes(cfg, ctx, parallel, kv_dtype) + activation_bytes(cfg, ctx, parallel)
+def _needed(cfg, fixed: int, ctx: int, parallel: int, kv_dtype: str, layers=None) -> int:
+    kv = kv_bytes(cfg, ctx, parallel, kv_dtype, layers=layers)
+    return fixed + kv + activation_bytes(cfg, ctx, parallel)
 
 
-def _max_ctx(cfg, fixed: int, parallel: int, kv_dtype: str, available: int) -> tuple[int, str]:
+def _max_ctx(
+    cfg, fixed: int, parallel: int, kv_dtype: str, available: int, layers=None
+) -> tuple[int, str]:
     """Largest ctx (whole blocks, at most the trained context) whose total fits `available`."""
-    if _needed(cfg, fixed, cfg.ctx_len, parallel, kv_dtype) <= available:
+    if _needed(cfg, fixed, cfg.ctx_len, parallel, kv_dtype, layers) <= available:
         return cfg.ctx_len, "model"
     lo, hi = 0, _blocks(cfg.ctx_len)  # in blocks; need(lo) fits (or lo = 0), need(hi) does not
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if _needed(cfg, fixed, mid * BLOCK_SIZE, parallel, kv_dtype) <= available:
+        if _needed(cfg, fixed, mid * BLOCK_SIZE, parallel, kv_dtype, layers) <= available:
             lo = mid
         else:
             hi = mid
@@ -146,9 +156,12 @@ def plan(
     kv_dtype: str = "f16",
     repacked_bytes: int | None = None,
     available_bytes: int | None = None,
+    host_layers: list[int] | None = None,
 ) -> MemoryPlan:
     """The memory plan for `parallel` sequences of `ctx` tokens (default: the model's context
-    length, at most DEFAULT_CTX); available_bytes defaults to the RAM available now."""
+    length, at most DEFAULT_CTX); available_bytes defaults to the RAM available now.
+    host_layers: the layers whose KV cache is in RAM (default: all; the others are a ggml
+    span's, planned on its device by `edgeinfer.ggml.span.SpanExecutor.planned_bytes`)."""
     check_kv_dtype(kv_dtype)
     ctx = min(cfg.ctx_len, DEFAULT_CTX) if ctx is None else ctx
     if ctx < 1 or parallel < 1:
@@ -157,21 +170,22 @@ def plan(
         available_bytes = psutil.virtual_memory().available
     weights = weights_bytes(g)
     fixed = weights + (repacked_bytes or 0)
-    kv = kv_bytes(cfg, ctx, parallel, kv_dtype)
+    layers = range(cfg.n_layers) if host_layers is None else host_layers
+    kv = kv_bytes(cfg, ctx, parallel, kv_dtype, layers=layers)
     act = activation_bytes(cfg, ctx, parallel)
     total = fixed + kv + act
-    max_ctx, limit = _max_ctx(cfg, fixed, parallel, kv_dtype, available_bytes)
+    max_ctx, limit = _max_ctx(cfg, fixed, parallel, kv_dtype, available_bytes, layers)
     return MemoryPlan(
         ctx=ctx,
         parallel=parallel,
         kv_dtype=kv_dtype,
         weights_bytes=weights,
         repacked_bytes=repacked_bytes,
-        kv_bytes_per_token=cfg.n_layers * kv_layer_bytes_per_token(cfg, kv_dtype),
-        sliding_layers=n_sliding_layers(cfg),
+        kv_bytes_per_token=len(layers) * kv_layer_bytes_per_token(cfg, kv_dtype),
+        sliding_layers=n_sliding_layers(cfg, layers),
         sliding_window=cfg.sliding_window,
         kv_bytes=kv,
-        kv_bytes_window_capped=kv_bytes(cfg, ctx, parallel, kv_dtype, window_capped=True),
+        kv_bytes_window_capped=kv_bytes(cfg, ctx, parallel, kv_dtype, True, layers),
         activation_bytes=act,
         total_bytes=total,
         available_bytes=available_bytes,

@@ -121,7 +121,18 @@ class ModelRunner:
             f"{kv.num_blocks * kv.block_size} tokens, {human_bytes(kv.nbytes)} {kv.dtype} "
             f"({self.kv_source}); step buffers {human_bytes(self.step_bytes)} "
             f"({self._step_source})"
-        ) + (f"\n{self.executor.report()}" if self.executor else "")
+        ) + (f"\n{self.placement()}" if self.executor else "")
+
+    def placement(self) -> str:
+        """Which layers run where, and what a ggml span holds on its device, in one line."""
+        n = self.config.n_layers
+        if self.executor is None:
+            return f"all {n} layers on edgeinfer's kernels"
+        host = self.host_layers
+        runs = [f"{a}-{b}" if a != b else f"{a}" for a, b in _runs(host)]
+        noun = "layer" if len(host) == 1 else "layers"
+        on_host = f"; {noun} {', '.join(runs)} on edgeinfer's kernels" if host else ""
+        return self.executor.report() + on_host
 
     @cached_property
     def tokenizer(self):
@@ -179,3 +190,14 @@ class ModelRunner:
             out.append(None if not n else logits[row] if n == 1 else logits[row : row + n])
             row += n
         return out
+
+
+def _runs(layers: list[int]) -> list[tuple[int, int]]:
+    """Consecutive layer numbers as (first, last) runs: [0, 1, 2, 5] -> [(0, 2), (5, 5)]."""
+    runs: list[tuple[int, int]] = []
+    for i in layers:
+        if runs and runs[-1][1] == i - 1:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return runs
