@@ -9,13 +9,16 @@ import typer
 
 from edgeinfer.cli.options import (
     Ctx,
+    GpuLayers,
     KVBudget,
     ModelArg,
+    Offload,
     Parallel,
     Spec,
     SpecK,
     Threads,
     kv_budget_bytes,
+    offload_knobs,
     spec_knobs,
 )
 from edgeinfer.errors import EdgeInferError
@@ -40,6 +43,8 @@ def serve(
     parallel: Parallel = 4,
     ctx: Ctx = None,
     kv_budget: KVBudget = None,
+    offload: Offload = None,
+    gpu_layers: GpuLayers = None,
     threads: Threads = None,
     max_num_seqs: Annotated[
         int, typer.Option("--max-num-seqs", help="Most sequences decoded in one step.")
@@ -94,6 +99,7 @@ def serve(
         ctx=ctx,
         parallel=parallel,
         kv_budget=kv_budget_bytes(kv_budget),
+        **offload_knobs(offload, gpu_layers),
         max_num_seqs=max_num_seqs,
         batch_invariant=batch_invariant,
         **spec_knobs(spec, spec_k),
