@@ -32,8 +32,9 @@ class EngineConfig:
     batch_invariant: every step takes the row-wise kernels, so a request's tokens are the same
     bits whatever it is batched with (vLLM's batch-invariant mode); otherwise a step of decode
     tokens only takes the fastest kernels for its size (int8 activations at a few sequences).
-    speculative: None (off) or "ngram" (prompt lookup) proposes up to `spec_k` tokens per
-    decoding sequence, verified in one step.
+    speculative: None (off), "ngram" (prompt lookup) or "draft:MODEL" (a smaller GGUF with the
+    target's vocabulary) proposes up to `spec_k` tokens per decoding sequence, verified in one
+    step.
     offload: "LAYERS@BACKEND" (e.g. "12-29@cuda:0", "0-5@cpu", "all@cuda"), a span of layers
     that ggml's backend runs; gpu_layers: llama.cpp's -ngl, the last N layers on cuda (the head
     too when N covers every layer). At most one of them (edgeinfer.ggml.placement).
@@ -89,8 +90,12 @@ class EngineConfig:
         if self.spec_k > MAX_SPEC_K:
             raise ConfigError(f"spec_k (--spec-k) must be at most {MAX_SPEC_K}, got {self.spec_k}")
         spec = self.speculative
-        if spec is not None and spec != "ngram":
-            raise ConfigError(f"speculative (--spec) must be 'ngram', got {spec!r}")
+        if spec is not None and not (
+            spec == "ngram" or (isinstance(spec, str) and spec.startswith("draft:") and spec[6:])
+        ):
+            raise ConfigError(
+                f"speculative (--spec) must be 'ngram' or 'draft:MODEL', got {spec!r}"
+            )
         at_least("gpu_layers", 0, optional=True)
         if self.offload is not None:
             from edgeinfer.ggml.placement import check_offload

@@ -7,12 +7,14 @@ drafts are accepted in long runs and a stop lands inside one.
 """
 
 import math
+import re
 
 import numpy as np
 import pytest
 
 from edgeinfer.config import ConfigError, EngineConfig
 from edgeinfer.engine.sampling import Sampler, SamplingParams
+from edgeinfer.errors import EdgeInferError
 from edgeinfer.llm import LLM
 from edgeinfer.speculative import NgramProposer, Speculator
 from edgeinfer.speculative.speculator import MAX_PAUSE
@@ -289,3 +291,48 @@ def test_the_real_model_copies_with_drafts_and_keeps_its_greedy_output(real_mode
         assert got.token_ids == want.token_ids, knobs
         s = spec.stats()
         assert s.spec_acceptance_rate > 0.3 and s.spec_mean_accepted > 1, s
+
+
+# -- a draft model ---------------------------------------------------------------------------
+
+
+def test_a_draft_model_keeps_greedy_output_and_its_cache_is_freed(synth, synthetic_model):
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 500, n).tolist() for n in (5, 30, 70)]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    want, _ = run(synth, prompts, params, batch_invariant=True)
+    # the same weights in Q8_0 guess well; another architecture on the same vocabulary does not
+    for draft, least in (("llama", 0.7), ("qwen3", 0.0)):
+        path = synthetic_model(draft, "Q8_0" if draft == "llama" else "F32")
+        llm = LLM(str(synth), threads=1, batch_invariant=True, speculative=f"draft:{path}")
+        got = llm.generate(prompts, params)
+        assert same(want, got), draft
+        s = llm.stats()
+        assert s.spec_proposed_tokens > 0 and s.spec_acceptance_rate >= least, (draft, s)
+        assert llm.engine.speculator.proposer.blocks.num_used_blocks == 0
+
+
+def patched(src, tmp_path, old: bytes, new: bytes):
+    """A copy of a GGUF file with one run of bytes replaced by another of the same length."""
+    data = src.read_bytes()
+    assert data.count(old) == 1 and len(old) == len(new)
+    out = tmp_path / f"patched-{len(list(tmp_path.iterdir()))}.gguf"
+    out.write_bytes(data.replace(old, new))
+    return out
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused_clearly(synth, synthetic_model, tmp_path):
+    key = b"tokenizer.ggml.eos_token_id"
+    data = synth.read_bytes()
+    at = data.index(key) + len(key) + 4  # the key, its value type, then its value
+    eos = data[at - 4 - len(key) : at + 4]
+    bad_eos = patched(synth, tmp_path, eos, eos[:-4] + bytes([eos[-4] + 1]) + eos[-3:])
+    renamed = patched(synth, tmp_path, "\u2581quick".encode(), "\u2581quack".encode())
+    gemma = synthetic_model("gemma3", "F32")
+    for draft, needle in (
+        (bad_eos, "tokenizer.ggml.eos_token_id is 3, the target's is 2"),
+        (renamed, "is '\u2581quack', the target's is '\u2581quick'"),
+        (gemma, "626 tokens, the target has 625"),
+    ):
+        with pytest.raises(EdgeInferError, match=re.escape(needle)):
+            LLM(str(synth), speculative=f"draft:{draft}")

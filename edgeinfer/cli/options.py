@@ -30,8 +30,9 @@ Spec = Annotated[
     typer.Option(
         "--spec",
         help="Speculative decoding: 'ngram' drafts tokens by looking the last few up in the "
-        "prompt and output so far (fast on text that copies: code edits, quotes). Greedy "
-        "output is unchanged.",
+        "prompt and output so far (fast on text that copies: code edits, quotes); "
+        "'draft:MODEL' has a smaller GGUF with the same vocabulary guess them. Greedy output "
+        "is unchanged.",
     ),
 ]
 SpecK = Annotated[

@@ -8,13 +8,21 @@ counts what was proposed and accepted. Acceptance itself is sampling's business
 (`Sampler.verify`), so a verified token is distributed exactly as a sampled one.
 """
 
+from edgeinfer.speculative.draft_model import DraftModelProposer
 from edgeinfer.speculative.ngram import NgramProposer
 from edgeinfer.speculative.proposer import Proposer
 from edgeinfer.speculative.speculator import Speculator
 
-__all__ = ["NgramProposer", "Proposer", "Speculator", "make_speculator"]
+DRAFT_PREFIX = "draft:"  # --spec draft:MODEL
+
+__all__ = ["DraftModelProposer", "NgramProposer", "Proposer", "Speculator", "make_speculator"]
 
 
 def make_speculator(config, runner) -> Speculator:
     """The Speculator that `config.speculative` names, for the target model of `runner`."""
-    return Speculator(NgramProposer(), config.spec_k)
+    method = config.speculative
+    if method.startswith(DRAFT_PREFIX):
+        proposer = DraftModelProposer(method[len(DRAFT_PREFIX) :], config, runner)
+    else:
+        proposer = NgramProposer()
+    return Speculator(proposer, config.spec_k)
