@@ -20,6 +20,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from .simd import (
+    _F32,
     _I8,
     _I16,
     _I32,
@@ -228,3 +229,57 @@ def _per_16(builder, values, sums):
         builder.sext(values, _vec(_I32, 16)) if values.type.element.width < 32 else values, sums
     )
     return builder.add(_pick(builder, weighted, range(8)), _pick(builder, weighted, range(8, 16)))
+
+
+def min_groups(layout: Layout) -> int:
+    """Minimums per super-block in the int8 GEMM's unpacked form (int8_gemm): one per scale of
+    a type with minimums (8 for packed6, 16 for nibbles), 0 without."""
+    if layout.scales not in _WITH_MINS:
+        return 0
+    return GROUPS if layout.scales == "packed6" else 2 * GROUPS
+
+
+def super_block_unpacker(layout: Layout):
+    """-> intrinsic unpack(w, off, halves, wq, wq_at, sw, sw_at, fm, fm_at), the int8 GEMM's
+    unpacking (int8_gemm.int8_matmul) of the super-block at w[off:]: wq[wq_at:][:256] =
+    sc_j * (q - offset) as int16 (sc_j: the integer scale of the weight's 16-weight sub-block),
+    sw[sw_at] = d, and for the types with minimums fm[fm_at:][:min_groups(layout)] =
+    -dmin * m_j (halves: floatbits.HALF_TABLE)."""
+    groups = min_groups(layout)
+
+    @intrinsic
+    def unpack(typingctx, w, off, halves, wq, wq_at, sw, sw_at, fm, fm_at):
+        def codegen(context, builder, sig, args):
+            w, off, halves, wq, wq_at, sw, sw_at, fm, fm_at = args
+            w_type, halves_type = sig.args[0], sig.args[2]
+            sc, mins = _scales_and_mins(context, builder, layout, w_type, w, off)
+            wide = _vec(_I16, GROUP)
+            for g in range(GROUPS):
+                q = None
+                for field in layout.fields[g]:
+                    bits = _field(context, builder, w_type, w, off, field)
+                    q = bits if q is None else builder.or_(q, bits)
+                q = builder.zext(q, wide)
+                if layout.offset:
+                    q = builder.sub(q, _splat(builder, ir.Constant(_I16, layout.offset), GROUP))
+                q = builder.mul(q, _pick(builder, sc, [2 * g] * 16 + [2 * g + 1] * 16))
+                at = builder.add(wq_at, ir.Constant(wq_at.type, GROUP * g))
+                ptr = _ptr(context, builder, sig.args[3], wq, at)
+                builder.store(q, builder.bitcast(ptr, wide.as_pointer()), align=2)
+
+            def half(at):
+                ptr = _ptr(context, builder, w_type, w, builder.add(off, ir.Constant(off.type, at)))
+                return _read_half(context, builder, ptr, halves_type, halves)
+
+            builder.store(half(layout.d_at), _ptr(context, builder, sig.args[5], sw, sw_at))
+            if groups:
+                m = mins if groups == 16 else _pick(builder, mins, range(0, 16, 2))
+                m = builder.sitofp(m, _vec(_F32, groups))
+                m = builder.fmul(m, _splat(builder, builder.fneg(half(layout.dmin_at)), groups))
+                ptr = _ptr(context, builder, sig.args[7], fm, fm_at)
+                builder.store(m, builder.bitcast(ptr, m.type.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return types.void(w, off, halves, wq, wq_at, sw, sw_at, fm, fm_at), codegen
+
+    return unpack

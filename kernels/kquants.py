@@ -16,7 +16,16 @@ from gguf import GGMLQuantizationType
 from numba import njit
 
 from .floatbits import read_half
-from .kquant_dot import GROUPS, QK_K, SUM_GROUP, Field, Layout, super_block_dot
+from .kquant_dot import (
+    GROUPS,
+    QK_K,
+    SUM_GROUP,
+    Field,
+    Layout,
+    min_groups,
+    super_block_dot,
+    super_block_unpacker,
+)
 from .simd import dequant_q6_quarters, dequant_u4_pair, dequant_u5_sub
 from .units import build
 
@@ -27,7 +36,8 @@ I32 = np.int32
 def kquant_unit(qtype: GGMLQuantizationType, dequantize_row, layout: Layout, small_n_max: int):
     # small_n_max: where the row-tile kernel becomes faster
     dot = super_block_dot(layout)
-    return build(qtype, dequantize_row, dot, SUM_GROUP, small_n_max=small_n_max)
+    int8 = dict(unpack=super_block_unpacker(layout), min_groups=min_groups(layout))
+    return build(qtype, dequantize_row, dot, SUM_GROUP, small_n_max=small_n_max, **int8)
 
 
 # w: uint8 bytes, off: offset of a Q4_K/Q5_K block's 12 scale bytes, j: sub-block 0..7

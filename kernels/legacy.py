@@ -21,6 +21,7 @@ from numba.extending import intrinsic
 
 from .simd import (
     _I8,
+    _I16,
     _I32,
     _accumulate_bytes,
     _accumulate_dot,
@@ -31,6 +32,7 @@ from .simd import (
     _nibbles,
     _ptr,
     _read_half,
+    _splat,
     _store_dequantized,
     _vec,
 )
@@ -138,6 +140,42 @@ def block_dot(block: Block):
     return dot
 
 
+def block_unpacker(block: Block):
+    """-> intrinsic unpack(w, off, halves, wq, wq_at, sw, sw_at, fm, fm_at), the int8 GEMM's
+    unpacking (int8_gemm.int8_matmul) of the block at w[off:]: wq[wq_at:][:32] = q - offset as
+    int16, sw[sw_at] = d, and for the types with a min fm[fm_at] = m (halves:
+    floatbits.HALF_TABLE)."""
+
+    @intrinsic
+    def unpack(typingctx, w, off, halves, wq, wq_at, sw, sw_at, fm, fm_at):
+        def codegen(context, builder, sig, args):
+            w, off, halves, wq, wq_at, sw, sw_at, fm, fm_at = args
+
+            def at(k):
+                return _ptr(
+                    context, builder, sig.args[0], w, builder.add(off, ir.Constant(off.type, k))
+                )
+
+            def half(k):
+                return _read_half(context, builder, at(k), sig.args[2], halves)
+
+            wide = _vec(_I16, BLOCK)
+            q = _quants(builder, block, at)
+            q = builder.sext(q, wide) if block.bits == 8 else builder.zext(q, wide)
+            if block.offset:
+                q = builder.sub(q, _splat(builder, ir.Constant(_I16, block.offset), BLOCK))
+            ptr = _ptr(context, builder, sig.args[3], wq, wq_at)
+            builder.store(q, builder.bitcast(ptr, wide.as_pointer()), align=2)
+            builder.store(half(0), _ptr(context, builder, sig.args[5], sw, sw_at))
+            if block.min_at:
+                builder.store(half(block.min_at), _ptr(context, builder, sig.args[7], fm, fm_at))
+            return context.get_dummy_value()
+
+        return types.void(w, off, halves, wq, wq_at, sw, sw_at, fm, fm_at), codegen
+
+    return unpack
+
+
 TYPE_SIZE, DEQUANTIZE_BLOCK = 0, None  # _dequantize_row's globals, set per type
 
 
@@ -154,7 +192,8 @@ def legacy_unit(qtype: GGMLQuantizationType, block: Block, small_n_max: int):
     row = jit_copy(_dequantize_row, f"{qtype.name.lower()}_row", row_globals)
     # 8-bit q: 16-bit products, and neither offset nor min to fold out with sums
     acts = (0, np.int16) if block.bits == 8 else (BLOCK, np.int8)
-    return build(qtype, row, block_dot(block), *acts, small_n_max=small_n_max)
+    int8 = dict(unpack=block_unpacker(block), min_groups=1 if block.min_at else 0)
+    return build(qtype, row, block_dot(block), *acts, small_n_max=small_n_max, **int8)
 
 
 # small_n_max: where the row-tile kernel becomes faster (Q8_0's 16-bit products keep up longest)

@@ -9,6 +9,7 @@ from numba import njit, prange
 
 from . import threads
 from .block_matmul import LINE, Fused, PartsKernel, row_offset
+from .int8_gemm import ENABLED as INT8_ENABLED
 from .simd import DOT_COLS, DOT_ROWS, dot_tile, prefetch
 from .weight import QuantWeight, stack_rows
 
@@ -211,7 +212,9 @@ ROW_WISE_FUSED_MIN = 32
 ROW_WISE_X_BYTES = 2 << 20
 
 
-def bind_row_wise(parts: list[QuantWeight]) -> Callable[[np.ndarray], np.ndarray]:
+def bind_row_wise(
+    parts: list[QuantWeight], int8: bool = False
+) -> Callable[[np.ndarray], np.ndarray]:
     """-> f(x): x: float32[n, in] -> float32[n, sum of the parts' outs], every row through
     `matmul`'s row-wise path, the parts (weights of one type and input size in one buffer, as
     Q, K and V are in a model file) in one kernel launch; others part by part.
@@ -219,13 +222,17 @@ def bind_row_wise(parts: list[QuantWeight]) -> Callable[[np.ndarray], np.ndarray
     One kernel at every n: a row's bits must not depend on how many rows share the call. Every
     unit's row-tile kernel and the quantized units' fused kernels compute each row on its own
     (F32's small kernel is BLAS, which does not), so x can also be cut into blocks.
+    int8: the int8-activation GEMM (`int8_gemm`, row-wise too: each row rounded on its own),
+    where the unit has one and the compile target runs it faster than the float path.
     """
     first = parts[0]
     stacked = stack_rows(parts) if len(parts) > 1 else first.row_parts
     if stacked is None:
-        calls = [bind_row_wise([p]) for p in parts]
+        calls = [bind_row_wise([p], int8) for p in parts]
         return lambda x: np.concatenate([call(x) for call in calls], axis=1)
     unit = first.unit
+    if int8 and INT8_ENABLED and unit.matmul_int8 is not None:
+        return _bound(parts, unit.matmul_int8.bind(stacked), step=None)
     if isinstance(unit.matmul_small, Fused) and unit.small_n_max >= ROW_WISE_FUSED_MIN:
         # it quantizes x row by row and reads W once per row group: no blocks needed
         return _bound(parts, unit.matmul_small.bind(stacked), step=None)

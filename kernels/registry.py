@@ -69,6 +69,7 @@ class QuantType:
     small_n_max: int = 16
     matmul_rows: Callable | None = None  # ((flat, starts, ends), x f32[n, in], out f32[n, out])
     rows_n_max: int = 64  # above it, BLAS on dequantized tiles is faster
+    matmul_int8: Callable | None = None  # ((flat, starts, ends), x f32[n, in], out f32[n, out])
 
     def __post_init__(self):
         if (self.block_size, self.type_size) != GGML_QUANT_SIZES[self.qtype]:

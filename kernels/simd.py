@@ -28,14 +28,19 @@ _I8, _I16, _I32 = ir.IntType(8), ir.IntType(16), ir.IntType(32)
 _F32 = ir.FloatType()
 
 
-def _wide_vectors() -> bool:
-    # Whether the code Numba compiles has 32 vector registers of 512 bits (x86's AVX-512): the
-    # target features as Numba's own codegen picks them (NUMBA_CPU_FEATURES, else the host's).
-    # Only vector widths and dot_tile's shape follow it; the IR stays portable vector code.
+def target_features() -> set[str]:
+    """The features of the code Numba compiles, as its own codegen picks them
+    (NUMBA_CPU_FEATURES, else the host's): {"+avx2", "-avx512f", ...}."""
     features = config.CPU_FEATURES
     if features is None:
         features = llvm.get_host_cpu_features().flatten()
-    return "+avx512f" in features.split(",")
+    return set(features.split(","))
+
+
+def _wide_vectors() -> bool:
+    # Whether the code Numba compiles has 32 vector registers of 512 bits (x86's AVX-512). Only
+    # vector widths and dot_tile's shape follow it; the IR stays portable vector code.
+    return "+avx512f" in target_features()
 
 
 # VEC_LANES: floats per vector register of the compile target, the width of dot_tile's
@@ -486,6 +491,35 @@ def dot_tile(typingctx, rows, cols, w, w_at, x, x_at, k, out, out_at, out_step):
     return types.void(rows, cols, w, i, x, i, k, out, i, i), codegen
 
 
+def counted_loop(builder, name, start, stop, inits):
+    """Opens `for i in range(start, stop)` carrying values that start as `inits` -> (i, their
+    phis, close): the builder is in the body; close(new values) branches back and leaves the
+    builder after the loop, where the phis hold the final values."""
+    entry = builder.block
+    head = builder.append_basic_block(f"{name}.head")
+    body = builder.append_basic_block(f"{name}.body")
+    done = builder.append_basic_block(f"{name}.done")
+    builder.branch(head)
+    builder.position_at_end(head)
+    i = builder.phi(start.type)
+    phis = [builder.phi(v.type) for v in inits]
+    builder.cbranch(builder.icmp_signed("<", i, stop), body, done)
+    builder.position_at_end(body)
+
+    def close(new):
+        i_next = builder.add(i, ir.Constant(i.type, 1))
+        latch = builder.block  # the body may have opened blocks of its own
+        builder.branch(head)
+        i.add_incoming(start, entry)
+        i.add_incoming(i_next, latch)
+        for phi, init, value in zip(phis, inits, new, strict=True):
+            phi.add_incoming(init, entry)
+            phi.add_incoming(value, latch)
+        builder.position_at_end(done)
+
+    return i, phis, close
+
+
 TILE_ROWS = 4  # rows of fma_tile
 TILE_COLS = 16  # columns of fma_tile: one vector per row (two on 256-bit targets)
 
@@ -543,30 +577,14 @@ def fma_tile(typingctx, rows, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
         c_ptrs = [builder.gep(c_data, [c_r]) for c_r in c_offs]
         zero = ir.Constant(vec, [0.0] * TILE_COLS)
         start = [_load(builder, p, vec) if add.literal_value else zero for p in c_ptrs]
-        entry = builder.block
-        head = builder.append_basic_block("tile.head")
-        body = builder.append_basic_block("tile.body")
-        done = builder.append_basic_block("tile.done")
-        builder.branch(head)
-        builder.position_at_end(head)
-        k = builder.phi(depth.type)
-        accs = [builder.phi(vec) for _ in start]
-        builder.cbranch(builder.icmp_signed("<", k, depth), body, done)
-        builder.position_at_end(body)
+        k, accs, close = counted_loop(builder, "tile", ir.Constant(depth.type, 0), depth, start)
         b_row = builder.add(b_at, builder.mul(k, b_step))
         lanes = _f32_lanes(builder, builder.gep(b_data, [b_row]), elem)
         new = []
         for a_r, acc in zip(a_offs, accs, strict=True):
             x = builder.load(builder.gep(a_data, [builder.add(a_r, k)]))
             new.append(builder.call(fma, [_splat(builder, x, TILE_COLS), lanes, acc]))
-        k_next = builder.add(k, ir.Constant(k.type, 1))
-        builder.branch(head)
-        k.add_incoming(ir.Constant(k.type, 0), entry)
-        k.add_incoming(k_next, body)
-        for acc, s, n in zip(accs, start, new, strict=True):
-            acc.add_incoming(s, entry)
-            acc.add_incoming(n, body)
-        builder.position_at_end(done)
+        close(new)
         for p, acc in zip(c_ptrs, accs, strict=True):
             builder.store(acc, builder.bitcast(p, vec.as_pointer()), align=4)
         return context.get_dummy_value()

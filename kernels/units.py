@@ -20,12 +20,13 @@ from numba import njit, prange
 
 from .block_matmul import Fused, block_matmul, parts_of
 from .floatbits import HALF_TABLE
+from .int8_gemm import IntGemm, int8_matmul, tile_rows
 from .matmul import RowTile, row_tile_matmul
 from .registry import QuantType, register
 
 # The templates' globals that `build` sets per type: placeholders here.
-DEQUANTIZE_ROW = BLOCK_DOT = None
-BLOCK = TYPE_SIZE = SUM_GROUP = 0
+DEQUANTIZE_ROW = BLOCK_DOT = UNPACK = None
+BLOCK = TYPE_SIZE = SUM_GROUP = MIN_GROUPS = INT_ROWS = 0
 Q_TYPE = np.int8
 
 
@@ -44,6 +45,11 @@ def _matmul_rows(flat, starts, ends, halves, x, out):
 # flat, starts, ends: one or more weights' bytes (see block_matmul), x: [n, in] -> out: [n, rows]
 def _matmul_fused(flat, starts, ends, halves, x, out):
     block_matmul(BLOCK_DOT, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE, SUM_GROUP, Q_TYPE)
+
+
+# flat, starts, ends: as _matmul_fused, x: [n, in] -> out: [n, rows], int8 activations
+def _matmul_int8(flat, starts, ends, halves, x, out):
+    int8_matmul(UNPACK, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE, MIN_GROUPS, INT_ROWS)
 
 
 def jit_copy(template: Callable, name: str, constants: dict, **options) -> Callable:
@@ -70,6 +76,8 @@ def build(
     block_dot: Callable | None = None,
     sum_group: int = 0,
     q_type=np.int8,
+    unpack: Callable | None = None,
+    min_groups: int = 0,
     **fields,
 ) -> QuantType:
     """Registers and returns qtype's unit, its kernels built on
@@ -79,13 +87,15 @@ def build(
     block_dot: the block dot product of `block_matmul` (None: no fused small-n kernel), with
       x quantized to q_type blocks of the type's block size, summed per sum_group (see
       act_quant);
+    unpack, min_groups: the block's unpacking for the int8 GEMM (see int8_gemm; None: none);
     fields: the other QuantType fields (small_n_max ...), or ones to use instead of the built
       kernels (F32's numpy and BLAS ones).
     """
     block, type_size = GGML_QUANT_SIZES[qtype]
     name = qtype.name.lower()
-    functions = dict(DEQUANTIZE_ROW=dequantize_row, BLOCK_DOT=block_dot)
+    functions = dict(DEQUANTIZE_ROW=dequantize_row, BLOCK_DOT=block_dot, UNPACK=unpack)
     sizes = dict(BLOCK=block, TYPE_SIZE=type_size, SUM_GROUP=sum_group, Q_TYPE=q_type)
+    sizes.update(MIN_GROUPS=min_groups, INT_ROWS=tile_rows(block))
     constants = {**functions, **sizes}
     kernels = dict(matmul_small=None)
     if "dequantize_rows" not in fields:
@@ -96,5 +106,8 @@ def build(
     if block_dot is not None:
         fused = jit_copy(_matmul_fused, f"{name}_matmul_fused", constants, parallel=True)
         kernels.update(matmul_small=Fused(fused), repack=parts_of)
+    if unpack is not None:
+        gemm = jit_copy(_matmul_int8, f"{name}_matmul_int8", constants, parallel=True)
+        kernels.update(matmul_int8=IntGemm(gemm))
     unit = QuantType(qtype=qtype, block_size=block, type_size=type_size, **{**kernels, **fields})
     return register(unit)

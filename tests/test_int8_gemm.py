@@ -1,0 +1,131 @@
+"""The int8-activation GEMM (kernels.int8_gemm), the fast path for prompt rows: each type's
+result against float64 exact math on the file's dequantized weights times the activations as
+the kernel rounds them (llama.cpp's q8 blocks: 32 values for legacy types, 256 for K-quants),
+bit for bit where every intermediate value is exact; a row's bits whatever shares the call; and
+the choice of path by the compile target."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES
+from gguf.quants import dequantize as gguf_dequantize
+from kernel_checks import HALF_FIELDS, KQUANTS, LEGACY, T, random_blocks
+
+from edgeinfer import kernels
+from edgeinfer.kernels import int8_gemm
+
+QUANTIZED = KQUANTS + LEGACY
+# 13 rows: full tiles of 3 (K-quants) and 2 (legacy) rows plus a ragged one; 7 activation rows:
+# tiles of 3 plus one; 1280 inputs: five super-blocks, across the GEMM's 1024-value chunks
+OUT, IN, N = 13, 1280, 7
+needs_int8 = pytest.mark.skipif(not int8_gemm.ENABLED, reason="the target takes the float path")
+
+
+def rounded(x: np.ndarray, block: int) -> np.ndarray:
+    """x: float32[n, k] -> float64[n, k], x rounded as the kernel does: per block of `block`
+    values, d = max|x| / 127 (float32), q = rint(x * (1 / d))."""
+    n, k = x.shape
+    xb = x.reshape(n, k // block, block)
+    d = np.abs(xb).max(-1, keepdims=True) / np.float32(127)
+    inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
+    return (np.rint(xb * inv).astype(np.float64) * d).reshape(n, k)
+
+
+def int8_gemm_of(data: np.ndarray, qtype, x: np.ndarray, out_dim: int) -> np.ndarray:
+    w = kernels.QuantWeight.from_raw(data, qtype, (out_dim, x.shape[1]))
+    out = np.full((x.shape[0], out_dim), np.nan, np.float32)
+    w.unit.matmul_int8(w.row_parts, x, out)
+    return out
+
+
+@needs_int8
+@pytest.mark.parametrize("qtype", QUANTIZED, ids=lambda t: t.name)
+def test_int8_gemm_is_exact_math_on_rounded_activations(qtype):
+    rng = np.random.default_rng(int(qtype))
+    block = GGML_QUANT_SIZES[qtype][0]
+    x_block = 256 if qtype in KQUANTS else 32
+    # Random blocks, x of several scales: only float rounding of scales and sums may differ from
+    # exact math (a relative 1e-6 of the sum of |products|; a wrong integer part is off by far more)
+    data = random_blocks(qtype, OUT * IN // block, rng)
+    x = (rng.standard_normal((N, IN)) * rng.uniform(0.1, 10, (N, 1))).astype(np.float32)
+    w = gguf_dequantize(data, qtype).reshape(OUT, IN).astype(np.float64)
+    xr = rounded(x, x_block)
+    got = int8_gemm_of(data, qtype, x, OUT)
+    bound = np.abs(xr) @ np.abs(w).T
+    assert np.all(np.abs(got - xr @ w.T) <= 1e-6 * bound + 1e-30), qtype.name
+    # Bit for bit: float16 scales powers of two, x whole numbers whose blocks each reach 127 (so
+    # dx = 1 and the rounding is exact), few inputs: every product and sum is a float32 exactly
+    # (at most 24 significant bits), the integer part as much as the float one
+    k = 256
+    data = random_blocks(qtype, OUT * k // block, rng).reshape(-1, GGML_QUANT_SIZES[qtype][1])
+    for off in HALF_FIELDS[qtype]:
+        data[:, off : off + 2] = np.array([2.0**-6], np.float16).view(np.uint8)
+    data = data.reshape(-1)
+    xi = rng.integers(-3, 4, (N, k)).astype(np.float32)
+    xi[:, ::x_block] = 127
+    w = gguf_dequantize(data, qtype).reshape(OUT, k).astype(np.float64)
+    want = (xi.astype(np.float64) @ w.T).astype(np.float32)
+    assert np.array_equal(int8_gemm_of(data, qtype, xi, OUT), want), qtype.name
+
+
+@needs_int8
+@pytest.mark.parametrize("qtype", (T.Q4_K, T.Q8_0), ids=lambda t: t.name)
+def test_int8_row_wise_rows_are_independent_of_the_batch(qtype):
+    # the row-wise contract: a row's bits are the same alone, in any batch, at any thread count
+    rng = np.random.default_rng(7)
+    block = GGML_QUANT_SIZES[qtype][0]
+    parts = [
+        kernels.QuantWeight.from_raw(
+            random_blocks(qtype, rows * IN // block, rng), qtype, (rows, IN)
+        )
+        for rows in (OUT, 5)
+    ]
+    call = kernels.bind_row_wise(parts, int8=True)
+    x = rng.standard_normal((3 * N, IN)).astype(np.float32)
+    full = call(x)
+    assert full.shape == (3 * N, OUT + 5)
+    for lo, hi in ((0, 1), (4, 5), (2, 9), (1, 3 * N)):
+        assert np.array_equal(call(x[lo:hi]), full[lo:hi]), (lo, hi)
+    before = kernels.get_threads()
+    try:
+        kernels.set_threads(1)
+        assert np.array_equal(call(x), full)
+    finally:
+        kernels.set_threads(before)
+    assert not np.array_equal(full, kernels.bind_row_wise(parts)(x))  # and it is not the float path
+
+
+def test_targets_without_the_gemm_keep_the_float_path(monkeypatch):
+    # a unit's int8 GEMM is only taken where the compile target enables it; elsewhere int8=True
+    # gives the float row-wise kernels' bits
+    rng = np.random.default_rng(11)
+    w = kernels.QuantWeight.from_raw(
+        random_blocks(T.Q4_K, OUT * 256 // 256, rng), T.Q4_K, (OUT, 256)
+    )
+    x = rng.standard_normal((N, 256)).astype(np.float32)
+    matmul_module = sys.modules["edgeinfer.kernels.matmul"]
+    monkeypatch.setattr(matmul_module, "INT8_ENABLED", False)
+    assert np.array_equal(kernels.bind_row_wise([w], int8=True)(x), kernels.bind_row_wise([w])(x))
+
+
+TARGET_RUN = "from edgeinfer.kernels import int8_gemm; print(int8_gemm.ENABLED)"
+
+
+@pytest.mark.parametrize(
+    "cpu, features, enabled",
+    [
+        ("x86-64-v3", "", True),  # AVX2: 16-bit multiply-adds in 256-bit vectors
+        ("x86-64-v4", "", True),  # AVX-512
+        ("x86-64-v2", "", False),  # SSE4.2 only: 128-bit vectors
+    ],
+)
+def test_the_gemm_follows_the_compile_target(cpu, features, enabled):
+    env = dict(os.environ, NUMBA_CPU_NAME=cpu, NUMBA_CPU_FEATURES=features)
+    proc = subprocess.run(
+        [sys.executable, "-c", TARGET_RUN], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == str(enabled)
