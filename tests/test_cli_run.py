@@ -63,6 +63,21 @@ def test_run_writes_tokens_before_it_finishes(smol_path):
         proc.stderr.close()
 
 
+@pytest.mark.parametrize("json_out", [False, True])
+def test_run_says_when_the_context_stopped_it(smol_path, json_out):
+    args = ["run", smol_path, "-p", "Once upon a time", "--ignore-eos", "--ctx", "32"]
+    args += ["--json"] if json_out else []
+    full = edgeinfer(*args, "-n", "100")
+    assert full.returncode == 0, full.stderr
+    note = full.stderr.strip().splitlines()[-1]
+    assert note.startswith("note: stopped at the context limit (32 tokens: prompt ")
+    prompt, generated = map(int, re.search(r"prompt (\d+) \+ generated (\d+)", note).groups())
+    assert prompt + generated == 32
+    # stopping at -n is not the context's doing
+    short = edgeinfer(*args, "-n", "4")
+    assert short.returncode == 0 and "context limit" not in short.stderr
+
+
 def test_run_json_and_chat(smol_path):
     r = edgeinfer("run", smol_path, "-p", "Say hi.", "--chat", "-n", "8", "--seed", "3", "--json")
     assert r.returncode == 0, r.stderr

@@ -122,6 +122,7 @@ def run(
             pass
         result = stream.completion
         print(json.dumps({"model": model, "chat": chat, **result.as_dict()}, ensure_ascii=False))
+        print_context_note(result, llm.max_context, limit)
         return
     for delta in stream:
         sys.stdout.write(delta)
@@ -131,6 +132,7 @@ def run(
         print_logprobs(llm.tokenizer, stream.completion.logprobs)
     sys.stdout.flush()
     print(stream.completion.metrics.summary(), file=sys.stderr)
+    print_context_note(stream.completion, llm.max_context, limit)
     if config.speculative:
         s = llm.stats()
         print(
@@ -154,3 +156,19 @@ def print_logprobs(tokenizer, logprobs) -> None:
         top = ", ".join(f"{piece(i)} {lp:.3f}" for i, lp in t.top)
         p = 100 * math.exp(t.logprob)
         print(f"{piece(t.token_id):<{width}}  {t.logprob:8.4f}  {p:6.2f}%  {top}".rstrip())
+
+
+def print_context_note(completion, max_context: int, limit: int | None) -> None:
+    """Say so on stderr when generation stopped because the context was full, not because it
+    reached -n: the user may want a larger --ctx."""
+    m = completion.metrics
+    if (
+        completion.finish_reason == "length"
+        and m.prompt_tokens + m.generated_tokens >= max_context
+        and (limit is None or m.generated_tokens < limit)
+    ):
+        print(
+            f"note: stopped at the context limit ({max_context} tokens: prompt "
+            f"{m.prompt_tokens} + generated {m.generated_tokens}); --ctx N gives a longer one",
+            file=sys.stderr,
+        )
