@@ -396,7 +396,8 @@ def test_stats_toggles_the_panel_and_help_lists_commands(loaded):
         await send(pilot, "/help")
         await pilot.pause()
         help_text = chat.query(Notice).last().query_one(Markdown).source
-        for name in ("/clear", "/system", "/set", "/save", "/stats", "/help", "Esc", "Ctrl+Q"):
+        names = ("/clear", "/shift", "/system", "/set", "/save", "/stats", "/help", "Esc")
+        for name in (*names, "Ctrl+Q"):
             assert name in help_text
         await send(pilot, "/nonsense")
         await pilot.pause()
@@ -421,7 +422,7 @@ def test_ctrl_l_clears_and_ctrl_q_quits(loaded):
     assert app.return_code == 0
 
 
-def test_context_full_offers_clear(real_model):
+def test_context_full_offers_clear_and_shift(real_model):
     llm = LLM(str(real_model(MODEL)), ctx=48)
     info = sessions.describe(llm, real_model(MODEL))
     app = ChatApp(ChatOptions(model=MODEL, params=SHORT), loaded=(llm, info))
@@ -430,8 +431,54 @@ def test_context_full_offers_clear(real_model):
         chat = app.chat
         await send(pilot, "word " * 60)
         await pilot.pause()
-        assert "Context full" in notices(app)[-1] and "/clear" in notices(app)[-1]
+        assert "Context full" in notices(app)[-1]
+        assert "/clear" in notices(app)[-1] and "/shift" in notices(app)[-1]
         assert chat.session.turns == [] and not chat.query(UserTurn)
+        await send(pilot, "/shift")
+        await pilot.pause()
+        assert "Nothing to drop" in notices(app)[-1]
+
+    run(app, (80, 24), script)
+
+
+def test_shift_drops_the_oldest_exchanges_until_half_the_context(real_model):
+    llm = LLM(str(real_model(MODEL)), ctx=128)
+    session = sessions.ChatSession(
+        llm, sessions.describe(llm, real_model(MODEL)), "Be brief.", SHORT
+    )
+    turns = []
+    for i in range(6):
+        turns += [
+            {"role": "user", "content": f"Question {i} about the weather in town?"},
+            {"role": "assistant", "content": f"Answer {i}: it is sunny and warm today."},
+        ]
+    session.turns = list(turns)
+    assert len(llm.chat_token_ids(session.messages())) > 64
+    dropped = session.shift()
+    assert dropped % 2 == 0 and session.turns == turns[dropped:]  # whole exchanges, oldest first
+    assert len(llm.chat_token_ids(session.messages())) <= 64
+    # one exchange fewer would not have fit: no more was dropped than needed
+    assert len(llm.chat_token_ids(session.messages(turns[dropped - 2 :]))) > 64
+    assert session.messages()[0] == {"role": "system", "content": "Be brief."}
+    assert session.shift() == 0
+
+
+def test_shift_command_reports_what_the_model_still_sees(loaded):
+    app = chat_app(loaded)
+
+    async def script(pilot):
+        session = app.chat.session
+        long = "story " * session.info.max_context  # more than half the context alone
+        session.turns = [
+            {"role": "user", "content": long},
+            {"role": "assistant", "content": "Once upon a time."},
+            {"role": "user", "content": "Thanks!"},
+            {"role": "assistant", "content": "You are welcome."},
+        ]
+        await send(pilot, "/shift")
+        await pilot.pause()
+        assert notices(app)[-1].startswith("Dropped the 2 oldest turns")
+        assert [t["content"] for t in session.turns] == ["Thanks!", "You are welcome."]
 
     run(app, (80, 24), script)
 

@@ -28,6 +28,10 @@ UI_BUDGET = 0.04
 MAX_REFRESH_S = 1.0
 IDLE_REFRESH_S = 1.0  # RSS and CPU keep moving while idle, slowly
 MIN_WIDTH_FOR_STATS = 60
+# what a full context leaves the user: llama.cpp's context shift, or a clear start
+CONTEXT_CHOICES = (
+    "Type /shift to drop the oldest turns and go on, or /clear (Ctrl+L) to start anew."
+)
 
 
 class ChatScreen(Screen):
@@ -100,7 +104,7 @@ class ChatScreen(Screen):
             text = commands.message_text(line)
             reply = self.session.start(text)
         except ContextFullError as e:
-            await self._notice(f"Context full: {e}. Press Ctrl+L or type /clear.", "warning")
+            await self._notice(f"Context full: {e}. {CONTEXT_CHOICES}", "warning")
             return
         except EdgeInferError as e:
             await self._error(str(e))
@@ -147,8 +151,7 @@ class ChatScreen(Screen):
             await self._error(reply.error)
         elif self.session.context_full():
             await self._notice(
-                "Context full: the conversation fills the model's context. "
-                "Press Ctrl+L or type /clear to start a new one.",
+                f"Context full: the conversation fills the model's context. {CONTEXT_CHOICES}",
                 "warning",
             )
         elif reply.finish_reason == "length":
@@ -195,6 +198,19 @@ class ChatScreen(Screen):
         await self.query_one(ConversationPane).clear()
         await self._notice("New conversation.")
         await self._mode_notice()
+        self._show_stats()
+
+    async def _cmd_shift(self, arg: str) -> None:
+        if self.replying:
+            raise EdgeInferError("a reply is still running: Esc stops it, then /shift")
+        dropped = self.session.shift()
+        used = len(self.session.llm.chat_token_ids(self.session.messages())) if dropped else 0
+        await self._notice(
+            f"Dropped the {dropped} oldest turns: the model now sees {used} of "
+            f"{self.session.info.max_context} tokens (they stay on screen)."
+            if dropped
+            else "Nothing to drop: the conversation already takes at most half the context."
+        )
         self._show_stats()
 
     async def _cmd_system(self, arg: str) -> None:

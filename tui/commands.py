@@ -11,6 +11,7 @@ from .session import SETTABLE
 # name -> (argument synopsis, what it does); the app has one handler per name.
 COMMANDS: dict[str, tuple[str, str]] = {
     "clear": ("", "start a new conversation (keeps the system prompt)"),
+    "shift": ("", "drop the oldest turns until the conversation takes half the context"),
     "system": ("[TEXT]", "set the system prompt (no TEXT: show it; '-' removes it)"),
     "set": ("NAME VALUE", f"sampling: {', '.join(SETTABLE)}"),
     "save": ("FILE", "write the transcript (.md or .json)"),

@@ -27,7 +27,8 @@ SETTABLE = {"temperature": float, "top_p": float, "top_k": int, "max_tokens": in
 
 
 class ContextFullError(EdgeInferError):
-    """The conversation no longer fits the context; /clear starts a new one."""
+    """The conversation no longer fits the context; /clear starts a new one, /shift drops its
+    oldest turns."""
 
 
 @dataclass(frozen=True)
@@ -185,6 +186,18 @@ class ChatSession:
         if reply.text:
             self.turns.append({"role": "assistant", "content": reply.text})
         return reply
+
+    def shift(self) -> int:
+        """Drop the oldest exchanges (a user turn and its reply; the system prompt stays) until
+        the conversation takes at most half the context, as llama.cpp's context shift frees
+        half -> the number of turns dropped."""
+        half = self.info.max_context // 2
+        dropped = 0
+        while self.turns and len(self.llm.chat_token_ids(self.messages())) > half:
+            n = 2 if len(self.turns) > 1 and self.turns[1]["role"] == "assistant" else 1
+            del self.turns[:n]
+            dropped += n
+        return dropped
 
     def context_full(self) -> bool:
         """Whether the last reply ended because the context ran out."""
