@@ -13,15 +13,15 @@ and reused; disk: about 2.5 GB (1B) and 6.2 GB (3B) for the F16 sources.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import gguf
 import numpy as np
+
+from edgeinfer.eval.quantize import quantize
 
 
 @dataclass(frozen=True)
@@ -155,29 +155,6 @@ def write_f16(s: Shape, name: str, path: Path) -> None:
     w.close()
 
 
-def quantize(src: Path, dst: Path, ftype: str, threads: int) -> None:
-    import llama_cpp
-
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
-    params.nthread = threads
-    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
-    if rc != 0:
-        raise RuntimeError(f"llama_model_quantize {src.name} -> {ftype} failed with {rc}")
-
-
-def _atomic(path: Path, write) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
-    return path
-
-
 def model_path(name: str, threads: int = os.cpu_count() or 2, root: Path | None = None) -> Path:
     """The file for a name in MODELS, written and quantized on first use."""
     shape_name, ftype = MODELS[name]
@@ -185,11 +162,16 @@ def model_path(name: str, threads: int = os.cpu_count() or 2, root: Path | None 
     src = root / f"{shape_name}-F16.gguf"
     if not src.exists():
         print(f"writing {src} ...", file=sys.stderr, flush=True)
-        _atomic(src, lambda tmp: write_f16(SHAPES[shape_name], shape_name, tmp))
+        part = src.with_name(f".{src.name}.{os.getpid()}.part")  # renamed once whole
+        try:
+            write_f16(SHAPES[shape_name], shape_name, part)
+            os.replace(part, src)
+        finally:
+            part.unlink(missing_ok=True)
     out = root / f"{name}.gguf"
     if not out.exists():
         print(f"quantizing {out.name} ...", file=sys.stderr, flush=True)
-        _atomic(out, lambda tmp: quantize(src, tmp, ftype, threads))
+        quantize(src, out, ftype, threads)  # llama.cpp's quantizer, written atomically
     return out
 
 
