@@ -6,9 +6,14 @@ flash attention, so a split model cannot match the all-Numba model bit for bit. 
 measured here, as the parity tests do: llama.cpp's own disagreement with the all-Numba model on
 the same tokens (prefill then single-token decode steps, so the paged caches are read back). A
 split runs only part of the model through ggml, so it must stay within that disagreement.
+
+EDGEINFER_TEST_BACKEND=cuda runs the accuracy, greedy and prefix tests on ggml's CUDA backend
+instead (bench/gpu_check.sh); batch invariance is the CPU backend's alone (it refuses others).
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -28,6 +33,7 @@ FTYPES = (
     "F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_1", "Q5_0",
     "Q4_K_M", "Q4_1", "Q4_0", "Q3_K_M", "Q2_K",
 )  # fmt: skip
+BACKEND = os.environ.get("EDGEINFER_TEST_BACKEND", "cpu")
 N_TOKENS, N_PREFILL = 40, 32
 MARGIN = 1.5  # allowed multiple of llama.cpp's own disagreement with the all-Numba model
 FLOOR = 1e-6  # NMSE below this is float rounding, whatever the bound
@@ -54,9 +60,9 @@ def run_logits(llm: LLM, toks: list[int]) -> np.ndarray:
 
 def spans(n_layers: int) -> list[str]:
     """A split at every layer boundary, both ways round, plus everything on ggml."""
-    out = ["all@cpu"]
+    out = [f"all@{BACKEND}"]
     for k in range(1, n_layers):
-        out += [f"{k}-{n_layers - 1}+head@cpu", f"0-{k - 1}@cpu"]
+        out += [f"{k}-{n_layers - 1}+head@{BACKEND}", f"0-{k - 1}@{BACKEND}"]
     return out
 
 
@@ -98,7 +104,7 @@ def test_every_weight_type_runs_through_the_executor(synthetic_model, bounds, ft
     path = synthetic_model("llama", ftype)
     toks = tokens(300)
     ours, bound = bounds(path, toks)
-    got = run_logits(LLM(str(path), threads=2, ctx=64, offload="all@cpu"), toks)
+    got = run_logits(LLM(str(path), threads=2, ctx=64, offload=f"all@{BACKEND}"), toks)
     assert nmse(got, ours) <= max(MARGIN * bound, FLOOR), (ftype, nmse(got, ours), bound)
 
 
@@ -120,7 +126,7 @@ def greedy_agree(path: str, spec: str, prompt: list[int], steps: int = 24) -> in
 
 def test_greedy_continuations_agree(synthetic_model):
     compared = 0
-    for arch, spec in (("qwen3", "1+head@cpu"), ("gemma3", "0-2@cpu")):
+    for arch, spec in (("qwen3", f"1+head@{BACKEND}"), ("gemma3", f"0-2@{BACKEND}")):
         path = str(synthetic_model(arch, "Q8_0"))
         compared += greedy_agree(path, spec, [5, 17, 42, 99, 7, 3, 250, 64])
     assert compared >= 8
@@ -156,13 +162,13 @@ def test_batch_invariant_split_gives_each_request_its_tokens_alone(llama_f32):
 
 
 def test_prefix_cache_reuse_across_turns_with_offloaded_layers(llama_f32):
-    llm = LLM(str(llama_f32), threads=2, offload="1+head@cpu")
+    llm = LLM(str(llama_f32), threads=2, offload=f"1+head@{BACKEND}")
     turn1 = list(range(5, 60))
     first = llm.generate(turn1, GREEDY)[0]
     turn2 = turn1 + first.token_ids + list(range(100, 120))
     second = llm.generate(turn2, GREEDY)[0]
     assert llm.stats().prefix_cache_hit_tokens >= 48  # the first turn's full blocks
-    fresh = LLM(str(llama_f32), threads=2, offload="1+head@cpu", prefix_caching=False)
+    fresh = LLM(str(llama_f32), threads=2, offload=f"1+head@{BACKEND}", prefix_caching=False)
     assert second.token_ids == fresh.generate(turn2, GREEDY)[0].token_ids
     assert llm.kv_usage()[0] == 0
 

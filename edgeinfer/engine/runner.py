@@ -85,9 +85,8 @@ class ModelRunner:
             config.step_logit_rows,
             self.threads,  # ggml's OpenMP team and Numba's run in turn, never at once
         )
-        if config.batch_invariant:  # the same bits whatever a token is batched with
-            ex.backend.set_reference(True)
-            ex.token_by_token = True
+        if config.batch_invariant:
+            ex.make_batch_invariant()
         self.model.attach(ex)
         return ex
 

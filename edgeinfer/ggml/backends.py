@@ -81,12 +81,14 @@ class Backend:
         if lib.ggml_backend_is_cpu(self.ptr):
             lib.ggml_backend_cpu_set_n_threads(self.ptr, n)
 
-    def set_reference(self, on: bool) -> None:
-        """CPU backend: ggml's reference kernels (no tiling, no KV splits), which give a token
-        the same bits whatever it is batched with."""
+    def set_reference(self, on: bool) -> bool:
+        """ggml's reference kernels (no tiling, no KV splits), which give a token the same bits
+        whatever it is batched with -> whether the backend has them (only the CPU backend)."""
         lib = load()
-        if lib.ggml_backend_is_cpu(self.ptr):
-            lib.ggml_backend_cpu_set_use_ref(self.ptr, on)
+        if not lib.ggml_backend_is_cpu(self.ptr):
+            return False
+        lib.ggml_backend_cpu_set_use_ref(self.ptr, on)
+        return True
 
     def close(self) -> None:
         if self.ptr:

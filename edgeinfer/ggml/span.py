@@ -120,6 +120,7 @@ class SpanExecutor:
         """Device memory of a span: weights (0 when a host device maps them), KV cache, and an
         estimate of a step's buffers (one layer's activations, as edgeinfer's own plan counts
         them, plus the mask and the logits)."""
+        from edgeinfer.engine.kv_cache import BLOCK_SIZE
         from edgeinfer.engine.memory_plan import step_bytes
 
         n = span.stop - span.first
@@ -132,7 +133,7 @@ class SpanExecutor:
                 names.append("output.weight" if not cfg.tied_output else "token_embd.weight")
             weights = sum(gguf.tensors[nm].nbytes for nm in names)
         dims = cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim)
-        kv = DeviceKV.bytes_needed(n, dims, num_blocks, 16, kv_dtype)
+        kv = DeviceKV.bytes_needed(n, dims, num_blocks, BLOCK_SIZE, kv_dtype)
         rows = kv // max(1, n * dims * (2 if kv_dtype == "f16" else 4))
         logits = max_logit_rows if span.head else 0
         step = step_bytes(cfg, max_tokens, logits) + 2 * max_tokens * rows * 2
@@ -233,6 +234,18 @@ class SpanExecutor:
             if not self.backend_lib.ggml_gallocr_alloc_graph(self.galloc, gf):
                 raise GGMLError(f"ggml {self.span.backend}: could not allocate a step's buffers")
             self._allocated = key
+
+    def make_batch_invariant(self) -> None:
+        """Give each token the same bits whatever it is batched with: ggml's reference kernels
+        and a graph per token (see _one_by_one). Only ggml's CPU backend has such kernels."""
+        if not self.backend.set_reference(True):
+            self.close()
+            raise GGMLError(
+                f"batch-invariant mode cannot run layers on ggml {self.span.backend}: only ggml's "
+                "CPU backend guarantees the same bits whatever the batch (use --offload ...@cpu, "
+                "or leave batch invariance off)"
+            )
+        self.token_by_token = True
 
     def _check_supported(self, b: Builder, gf: int) -> None:
         lib = b.lib
