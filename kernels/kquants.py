@@ -36,7 +36,10 @@ I32 = np.int32
 def kquant_unit(qtype: GGMLQuantizationType, dequantize_row, layout: Layout, small_n_max: int):
     # small_n_max: where the row-tile kernel becomes faster
     dot = super_block_dot(layout)
-    int8 = dict(unpack=super_block_unpacker(layout), min_groups=min_groups(layout))
+    # int8_faster: 1.35-2.2x the float row tiles a core (Zen 3, n = 512)
+    int8 = dict(
+        unpack=super_block_unpacker(layout), min_groups=min_groups(layout), int8_faster=True
+    )
     return build(qtype, dequantize_row, dot, SUM_GROUP, small_n_max=small_n_max, **int8)
 
 

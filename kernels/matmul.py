@@ -223,7 +223,8 @@ def bind_row_wise(
     unit's row-tile kernel and the quantized units' fused kernels compute each row on its own
     (F32's small kernel is BLAS, which does not), so x can also be cut into blocks.
     int8: the int8-activation GEMM (`int8_gemm`, row-wise too: each row rounded on its own),
-    where the unit has one and the compile target runs it faster than the float path.
+    where the compile target enables it and it beats the unit's float row tiles (`int8_faster`);
+    elsewhere the float path.
     """
     first = parts[0]
     stacked = stack_rows(parts) if len(parts) > 1 else first.row_parts
@@ -231,7 +232,7 @@ def bind_row_wise(
         calls = [bind_row_wise([p], int8) for p in parts]
         return lambda x: np.concatenate([call(x) for call in calls], axis=1)
     unit = first.unit
-    if int8 and INT8_ENABLED and unit.matmul_int8 is not None:
+    if int8 and INT8_ENABLED and unit.int8_faster:
         return _bound(parts, unit.matmul_int8.bind(stacked), step=None)
     if isinstance(unit.matmul_small, Fused) and unit.small_n_max >= ROW_WISE_FUSED_MIN:
         # it quantizes x row by row and reads W once per row group: no blocks needed

@@ -34,6 +34,10 @@ Unit interface (a `QuantType`):
   row tiles with `dequantize_rows`, multiply with BLAS). Every unit has one: it also serves every
   n of the row-wise (batch-invariant) path, so each output row must be computed on its own, its
   bits independent of n and of the threads (`matmul.row_tile_matmul` does that).
+- `matmul_int8(parts, x, out)`: as `matmul_rows`, with x rounded row by row to int8 blocks
+  (`kernels.int8_gemm`: the quantized units'), each row on its own too; `int8_faster`: it beats
+  `matmul_rows` at prompt sizes, so the row-wise int8 path (prompt rows, precision "fast")
+  takes it.
 
 `dequantize_rows` and `matmul_rows` are built on the type's serial row dequantizer
 (`dequantize_row(raw u8[row_bytes], halves, out f32[cols])`, halves: `floatbits.HALF_TABLE`, for
@@ -70,6 +74,8 @@ class QuantType:
     matmul_rows: Callable | None = None  # ((flat, starts, ends), x f32[n, in], out f32[n, out])
     rows_n_max: int = 64  # above it, BLAS on dequantized tiles is faster
     matmul_int8: Callable | None = None  # ((flat, starts, ends), x f32[n, in], out f32[n, out])
+    # matmul_int8 beats matmul_rows on prompt rows: bind_row_wise(int8=True) takes it
+    int8_faster: bool = False
 
     def __post_init__(self):
         if (self.block_size, self.type_size) != GGML_QUANT_SIZES[self.qtype]:

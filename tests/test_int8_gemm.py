@@ -73,7 +73,7 @@ def test_int8_gemm_is_exact_math_on_rounded_activations(qtype):
 
 
 @needs_int8
-@pytest.mark.parametrize("qtype", (T.Q4_K, T.Q8_0), ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", (T.Q4_K, T.Q6_K), ids=lambda t: t.name)
 def test_int8_row_wise_rows_are_independent_of_the_batch(qtype):
     # the row-wise contract: a row's bits are the same alone, in any batch, at any thread count
     rng = np.random.default_rng(7)
@@ -100,9 +100,15 @@ def test_int8_row_wise_rows_are_independent_of_the_batch(qtype):
 
 
 def test_targets_without_the_gemm_keep_the_float_path(monkeypatch):
-    # a unit's int8 GEMM is only taken where the compile target enables it; elsewhere int8=True
-    # gives the float row-wise kernels' bits
+    # a unit's int8 GEMM is only taken where the compile target enables it and it beats the
+    # float row tiles (the K-quants); elsewhere int8=True gives the float row-wise kernels' bits
     rng = np.random.default_rng(11)
+    assert [t for t in QUANTIZED if kernels.get_unit(t).int8_faster] == list(KQUANTS)
+    q8 = kernels.QuantWeight.from_raw(random_blocks(T.Q8_0, OUT * 8, rng), T.Q8_0, (OUT, 256))
+    xq8 = rng.standard_normal((N, 256)).astype(np.float32)
+    assert np.array_equal(
+        kernels.bind_row_wise([q8], int8=True)(xq8), kernels.bind_row_wise([q8])(xq8)
+    )
     w = kernels.QuantWeight.from_raw(
         random_blocks(T.Q4_K, OUT * 256 // 256, rng), T.Q4_K, (OUT, 256)
     )
