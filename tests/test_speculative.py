@@ -17,7 +17,7 @@ from edgeinfer.engine.sampling import Sampler, SamplingParams
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.llm import LLM
 from edgeinfer.speculative import NgramProposer, Speculator
-from edgeinfer.speculative.speculator import MAX_PAUSE
+from edgeinfer.speculative.speculator import MAX_PAUSE, STEP_ROWS
 
 SMOL = "smollm2-135m-instruct"
 
@@ -128,6 +128,14 @@ def test_k_grows_on_acceptance_shrinks_on_rejection_and_respects_limits():
     prompt.num_computed = 1  # still in prefill: no draft
     got = spec.drafts([near_end, full_ctx, prompt])
     assert {k: len(v) for k, v in got.items()} == {1: 1, 2: 2}
+
+
+def test_drafts_fill_a_step_up_to_its_row_limit():
+    spec = Speculator(Never(), spec_k=8)
+    for n, k in ((1, 8), (4, 3), (8, 1), (STEP_ROWS, 0)):
+        seqs = [Seq(i, [1, 2, 3]) for i in range(n)]
+        got = spec.drafts(seqs)
+        assert [len(got.get(s.seq_id, [])) for s in seqs] == [k] * n, n
 
 
 def test_config_validates_the_speculative_knobs():
@@ -263,7 +271,7 @@ def test_sampling_with_speculation_keeps_the_output_distribution(synth):
             )  # fmt: skip
             for s in range(n)
         ]
-        out, stats = run(synth, [prompt] * n, params, max_num_seqs=16, **knobs)
+        out, stats = run(synth, [prompt] * n, params, max_num_seqs=4, **knobs)
         return [tuple(c.token_ids) for c in out], stats
 
     plain, _ = draws()

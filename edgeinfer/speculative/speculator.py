@@ -5,6 +5,8 @@ one (up to spec_k), a partly accepted one shrinks it to the accepted length plus
 and a draft with nothing accepted halves k and pauses proposals for 2, 4, ... 64 steps. A
 verified token costs a decode row, so a sequence whose guesses always fail pays for one extra
 row every 64 steps (about 1 %), while one that copies its prompt keeps k at its largest.
+Drafts only fill a step up to STEP_ROWS rows: many sequences decoding at once get short drafts,
+or none.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from dataclasses import dataclass
 from edgeinfer.speculative.proposer import Proposer
 
 MAX_PAUSE = 64  # steps
+# Past a few rows a CPU decode step turns compute-bound and costs about its rows: drafts fill a
+# step up to this many rows (one per decoding sequence plus its drafts) and no further.
+STEP_ROWS = 16
 
 
 @dataclass
@@ -34,11 +39,12 @@ class Speculator:
 
     def drafts(self, running: list) -> dict[int, list[int]]:
         """-> seq_id -> draft tokens, for the decoding sequences of `running` that get one."""
-        seqs, ks = [], []
+        seqs, ks, decoding = [], [], 0
         for seq in running:
             n = len(seq.token_ids)
             if seq.num_computed != n - 1:  # its prompt is still being computed
                 continue
+            decoding += 1
             pace = self._pace.setdefault(seq.seq_id, _Pace(self.spec_k))
             if pace.pause:
                 pace.pause -= 1
@@ -51,9 +57,10 @@ class Speculator:
             if k > 0:
                 seqs.append(seq)
                 ks.append(k)
-        if not seqs:
+        share = (STEP_ROWS - decoding) // len(seqs) if seqs else 0
+        if share < 1:
             return {}
-        guesses = self.proposer.propose(seqs, ks)
+        guesses = self.proposer.propose(seqs, [min(k, share) for k in ks])
         return {s.seq_id: g for s, g in zip(seqs, guesses, strict=True) if g}
 
     def record(self, seq_id: int, proposed: int, accepted: int) -> None:
