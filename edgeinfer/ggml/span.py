@@ -350,6 +350,12 @@ class SpanExecutor:
         mapped = " (weights mapped from the file)" if self.backend.is_host else ""
         return f"{self.span.describe()}: {self.backend.describe()}, {parts}{mapped}"
 
+    def __del__(self):  # a dropped model gives its device memory back
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: ggml may already be unloaded
+            pass
+
     def close(self) -> None:
         for g in self._graphs.values():
             g.builder.free()
