@@ -98,7 +98,7 @@ def main() -> None:
     ap.add_argument("model", nargs="?", default=hub.DEFAULT_MODEL)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-tokens", type=int, default=160)
-    ap.add_argument("--spec-k", type=int, default=8)
+    ap.add_argument("--spec-k", type=int, default=6)
     ap.add_argument("--streams", type=int, default=16)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()

@@ -34,7 +34,7 @@ class EngineConfig:
     tokens only takes the fastest kernels for its size (int8 activations at a few sequences).
     speculative: None (off), "ngram" (prompt lookup) or "draft:MODEL" (a smaller GGUF with the
     target's vocabulary) proposes up to `spec_k` tokens per decoding sequence, verified in one
-    step.
+    step (6: a verify pass of 7 rows stays in the int8 decode kernels of most weight types).
     offload: "LAYERS@BACKEND" (e.g. "12-29@cuda:0", "0-5@cpu", "all@cuda"), a span of layers
     that ggml's backend runs; gpu_layers: llama.cpp's -ngl, the last N layers on cuda (the head
     too when N covers every layer). At most one of them (edgeinfer.ggml.placement).
@@ -51,7 +51,7 @@ class EngineConfig:
     prefix_caching: bool = True
     batch_invariant: bool = False
     speculative: str | None = None
-    spec_k: int = 8
+    spec_k: int = 6
     offload: str | None = None
     gpu_layers: int | None = None
 
