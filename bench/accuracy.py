@@ -6,9 +6,10 @@
 kl      On the parity prompts (tests/data/parity_prompts.json, >= 256 positions), the mean
         KL(exact || engine) and top-1 agreement, exact = the float64 reference pass from the
         file's own dequantized weights (tests/reference_forward.py): edgeinfer's prompt path
-        (float activations) with f16 and f32 KV, edgeinfer fed one token at a time (its decode
-        kernels, int8 activations at small batches: the speed trade), llama.cpp batched with f16
-        and f32 KV, and llama.cpp one token at a time.
+        (--precision fast, the default: int8 activations, as llama.cpp's) with f16 and f32 KV,
+        its exact path (--precision exact: float activations) with f16 KV, edgeinfer fed one
+        token at a time (its decode kernels, int8 activations at small batches: the speed
+        trade), llama.cpp batched with f16 and f32 KV, and llama.cpp one token at a time.
 ppl     `edgeinfer eval`'s perplexity of the evaluation text (tests/data/eval/shakespeare.txt)
         over --windows windows of --ctx tokens beside llama.cpp's on the same windows (computed
         from its logits with the same rule), the seconds each took (logits and statistics), and
@@ -45,10 +46,10 @@ LADDER = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1", "Q5_0", "Q4_K_M", "
           "Q4_1", "Q4_0", "Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K")  # fmt: skip
 
 
-def _edgeinfer(path, threads: int, kv_dtype: str = "f16"):
+def _edgeinfer(path, threads: int, kv_dtype: str = "f16", precision: str = "fast"):
     from edgeinfer.llm import LLM
 
-    return LLM(str(path), threads=threads, ctx=512, kv_dtype=kv_dtype)
+    return LLM(str(path), threads=threads, ctx=512, kv_dtype=kv_dtype, precision=precision)
 
 
 def _one_token_at_a_time(llm, tokens) -> np.ndarray:
@@ -70,9 +71,11 @@ def measure_kl(model: str, threads: int) -> dict:
         "llama.cpp one token at a time": oracle(path, 512, threads, n_batch=1, n_ubatch=1),
     }
     ei16, ei32 = _edgeinfer(path, threads), _edgeinfer(path, threads, "f32")
+    exact = _edgeinfer(path, threads, precision="exact")
     engines = {
         "edgeinfer f16 KV": ei16.logits,
         "edgeinfer f32 KV": ei32.logits,
+        "edgeinfer exact f16 KV": exact.logits,
         "edgeinfer one token at a time": lambda t: _one_token_at_a_time(ei16, t),
         **{k: (lambda t, o=o: oracle_logits(o, t)) for k, o in cpp.items()},
     }

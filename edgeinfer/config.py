@@ -10,6 +10,8 @@ from edgeinfer.errors import EdgeInferError
 # Longest run of tokens one forward pass processes; longer prompts go in chunks, which bounds
 # activation memory (a chunk's K/V are in the cache before the next chunk attends to them).
 PREFILL_CHUNK = 512
+# Activation precision: "fast" (int8 prompt rows) or "exact" (float everywhere); see EngineConfig.
+PRECISIONS = ("fast", "exact")
 # The context used when none is given: the model's, capped (32k-token KV caches surprise people).
 DEFAULT_CTX = 4096
 # Most draft tokens one speculative step verifies per sequence.
@@ -32,6 +34,10 @@ class EngineConfig:
     batch_invariant: every step takes the row-wise kernels, so a request's tokens are the same
     bits whatever it is batched with (vLLM's batch-invariant mode); otherwise a step of decode
     tokens only takes the fastest kernels for its size (int8 activations at a few sequences).
+    precision: "fast" rounds prompt rows' activations to int8 blocks for an integer GEMM where
+    the weight type gains by it (the K-quants), as llama.cpp does; "exact" keeps activations
+    float everywhere (prompt and decode: the row-wise float kernels, batch-invariant), closest
+    to exact math.
     speculative: None (off), "ngram" (prompt lookup) or "draft:MODEL" (a smaller GGUF with the
     target's vocabulary) proposes up to `spec_k` tokens per decoding sequence, verified in one
     step (6: a verify pass of 7 rows stays in the int8 decode kernels of most weight types).
@@ -50,6 +56,7 @@ class EngineConfig:
     max_wait_ms: float = 0.0
     prefix_caching: bool = True
     batch_invariant: bool = False
+    precision: str = "fast"
     speculative: str | None = None
     spec_k: int = 6
     offload: str | None = None
@@ -86,6 +93,11 @@ class EngineConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be a bool, got {getattr(self, name)!r}")
         check_kv_dtype(self.kv_dtype)
+        if self.precision not in PRECISIONS:
+            raise ConfigError(
+                f"precision (--precision) must be one of {', '.join(PRECISIONS)}, "
+                f"got {self.precision!r}"
+            )
         at_least("spec_k", 1)
         if self.spec_k > MAX_SPEC_K:
             raise ConfigError(f"spec_k (--spec-k) must be at most {MAX_SPEC_K}, got {self.spec_k}")

@@ -72,10 +72,12 @@ class LLM:
 
     The keyword arguments are `EngineConfig`'s (threads, ctx, parallel, kv_budget, kv_dtype,
     max_num_seqs, max_num_batched_tokens, max_wait_ms, prefix_caching, batch_invariant,
-    speculative, spec_k, offload, gpu_layers), or
+    precision, speculative, spec_k, offload, gpu_layers), or
     pass a whole `config`. KV cache: `parallel` sequences of `ctx` tokens, or `kv_budget` bytes;
     any mix of requests shares it. `batch_invariant` makes every request's tokens the same as
     running it alone, bit for bit, at the price of a slower single-sequence decode.
+    `precision="exact"` keeps activations float everywhere (README: Precision); the default
+    "fast" rounds prompt rows to int8 blocks for an integer GEMM.
     `speculative="ngram"` drafts up to `spec_k` tokens per step from the prompt and output so
     far and verifies them in one pass (README: Speculative decoding).
     """

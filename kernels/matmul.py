@@ -213,7 +213,7 @@ ROW_WISE_X_BYTES = 2 << 20
 
 
 def bind_row_wise(
-    parts: list[QuantWeight], int8: bool = False
+    parts: list[QuantWeight], int8: bool = False, exact: bool = False
 ) -> Callable[[np.ndarray], np.ndarray]:
     """-> f(x): x: float32[n, in] -> float32[n, sum of the parts' outs], every row through
     `matmul`'s row-wise path, the parts (weights of one type and input size in one buffer, as
@@ -224,17 +224,21 @@ def bind_row_wise(
     (F32's small kernel is BLAS, which does not), so x can also be cut into blocks.
     int8: the int8-activation GEMM (`int8_gemm`, row-wise too: each row rounded on its own),
     where the compile target enables it and it beats the unit's float row tiles (`int8_faster`);
-    elsewhere the float path.
+    elsewhere the float path. exact: float activations for every type (no fused int8 kernel).
     """
     first = parts[0]
     stacked = stack_rows(parts) if len(parts) > 1 else first.row_parts
     if stacked is None:
-        calls = [bind_row_wise([p], int8) for p in parts]
+        calls = [bind_row_wise([p], int8, exact) for p in parts]
         return lambda x: np.concatenate([call(x) for call in calls], axis=1)
     unit = first.unit
     if int8 and INT8_ENABLED and unit.int8_faster:
         return _bound(parts, unit.matmul_int8.bind(stacked), step=None)
-    if isinstance(unit.matmul_small, Fused) and unit.small_n_max >= ROW_WISE_FUSED_MIN:
+    if (
+        not exact
+        and isinstance(unit.matmul_small, Fused)
+        and unit.small_n_max >= ROW_WISE_FUSED_MIN
+    ):
         # it quantizes x row by row and reads W once per row group: no blocks needed
         return _bound(parts, unit.matmul_small.bind(stacked), step=None)
     step = max(2, ROW_WISE_X_BYTES // (4 * first.shape[1]))

@@ -43,7 +43,8 @@ class Batch:
     wanted, strictly increasing (None: all n; m = n is all n too); row_wise: every matmul takes
     `kernels.matmul`'s row-wise path, so that each sequence gets the same bits whatever it is
     batched with (False: the path is chosen by the batch size; ROW_WISE_INT8: row-wise with
-    int8 activations, kernels.int8_gemm, the fast path for prompt rows).
+    int8 activations where the type gains by it, the fast path for prompt rows; ROW_WISE_EXACT:
+    row-wise with float activations for every type, precision "exact").
     """
 
     token_ids: np.ndarray
@@ -56,6 +57,7 @@ class Batch:
 
 
 ROW_WISE_INT8 = "int8"  # Batch.row_wise: each row on its own, its activations rounded to int8
+ROW_WISE_EXACT = "exact"  # Batch.row_wise: each row on its own, float activations only
 
 
 class Linear:
@@ -77,10 +79,13 @@ class Linear:
         self.small = kernels.bind_stacked(parts, self.small_packed) if fused else None
         self.row_wise = kernels.bind_row_wise(parts)
         self.row_int8 = kernels.bind_row_wise(parts, int8=True)
+        self.row_exact = kernels.bind_row_wise(parts, exact=True)
 
     def __call__(self, x: np.ndarray, row_wise: bool | str = False) -> np.ndarray:
         if row_wise == ROW_WISE_INT8:
             y = self.row_int8(x)
+        elif row_wise == ROW_WISE_EXACT:
+            y = self.row_exact(x)
         elif row_wise:
             y = self.row_wise(x)
         elif x.shape[0] <= self._small_n_max:

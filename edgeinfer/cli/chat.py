@@ -12,6 +12,7 @@ from edgeinfer.cli.options import (
     MinP,
     ModelArg,
     Offload,
+    Precision,
     Seed,
     Spec,
     SpecK,
@@ -47,6 +48,7 @@ def chat(
     gpu_layers: GpuLayers = None,
     spec: Spec = None,
     spec_k: SpecK = None,
+    precision: Precision = "fast",
 ) -> None:
     """Chat with a model in the terminal: streaming replies, live tok/s, /help for commands."""
     from edgeinfer.config import EngineConfig
@@ -56,6 +58,7 @@ def chat(
 
     limit = max_tokens_limit(DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
     knobs = spec_knobs(spec, spec_k) | offload_knobs(offload, gpu_layers)
+    knobs["precision"] = precision
     # bad knobs fail before the screen opens
     EngineConfig(threads=threads, ctx=ctx, parallel=1, **knobs)
     params = SamplingParams(

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from edgeinfer.cli.options import Threads
+from edgeinfer.cli.options import Precision, Threads
 from edgeinfer.errors import EdgeInferError
 
 
@@ -57,11 +57,12 @@ def eval_(
         ),
     ] = None,
     threads: Threads = None,
+    precision: Precision = "fast",
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Perplexity of MODEL over a text, as llama.cpp's llama-perplexity computes it.
 
-    The text is tokenized once (BOS first if the model adds one) and cut into consecutive, non-overlapping windows of --ctx tokens from its first token (a shorter tail is left out). Each window runs alone, its first token replaced by BOS when the model adds one, and only its second half is scored: the logits at positions ctx/2 .. ctx-2 predict the tokens after them, ctx - 1 - ctx/2 tokens a window. PPL = exp(mean negative log-likelihood), with its standard error. Activations stay in float (the exact path).
+    The text is tokenized once (BOS first if the model adds one) and cut into consecutive, non-overlapping windows of --ctx tokens from its first token (a shorter tail is left out). Each window runs alone, its first token replaced by BOS when the model adds one, and only its second half is scored: the logits at positions ctx/2 .. ctx-2 predict the tokens after them, ctx - 1 - ctx/2 tokens a window. PPL = exp(mean negative log-likelihood), with its standard error. The windows run as prompts do (--precision fast: int8 activations, as llama.cpp's; exact: float); a --reference model always runs exact.
 
     With --reference, the report adds llama-perplexity --kl-divergence's statistics, line for line: PPL(Q) against PPL(base), KL(base || Q) (mean, percentiles), delta-p of the true token and top-1 agreement. `--weights A B` compares two files' weights instead.
     """  # noqa: E501
@@ -71,10 +72,12 @@ def eval_(
         return _weights(weights, json_out)
     if model is None:
         raise EdgeInferError("no model: pass MODEL (or --weights A B)")
-    _perplexity(model, text, reference, ctx, chunks, save_logits, threads, json_out)
+    _perplexity(model, text, reference, ctx, chunks, save_logits, threads, precision, json_out)
 
 
-def _perplexity(model, text, reference, ctx, chunks, save_logits, threads, json_out) -> None:
+def _perplexity(
+    model, text, reference, ctx, chunks, save_logits, threads, precision, json_out
+) -> None:
     import numpy as np
 
     from edgeinfer.eval import stats, windows
@@ -95,14 +98,14 @@ def _perplexity(model, text, reference, ctx, chunks, save_logits, threads, json_
     if chunks is not None and chunks < 1:
         raise EdgeInferError(f"--chunks must be >= 1 (got {chunks})")
     content = _read_text(text) if text is not None else None
-    llm = LLM(model, threads=threads, ctx=ctx, parallel=1)
+    llm = LLM(model, threads=threads, ctx=ctx, parallel=1, precision=precision)
     if content is not None:
         tokens = np.array(llm.tokenizer.encode(content), dtype=np.int64)
     else:
         tokens = saved.tokens
     ref = saved
     if reference is not None and saved is None:
-        ref = LLM(reference, threads=threads, ctx=ctx, parallel=1)
+        ref = LLM(reference, threads=threads, ctx=ctx, parallel=1, precision="exact")
     tty = sys.stderr.isatty()
 
     def progress(p: windows.Progress) -> None:

@@ -21,6 +21,15 @@ Seed = Annotated[int | None, typer.Option("--seed", help="Fixed seed: same outpu
 Parallel = Annotated[
     int, typer.Option("--parallel", help="KV cache for this many sequences of --ctx tokens.")
 ]
+Precision = Annotated[
+    str,
+    typer.Option(
+        "--precision",
+        help="fast: prompts run an integer GEMM on K-quant weights, activations rounded to int8 "
+        "blocks as llama.cpp does; exact: float activations everywhere (closest to exact math, "
+        "slower prompts).",
+    ),
+]
 KVBudget = Annotated[
     str | None,
     typer.Option("--kv-budget", help="KV cache size instead of ctx x parallel, e.g. 512M, 2G."),

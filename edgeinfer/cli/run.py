@@ -17,6 +17,7 @@ from edgeinfer.cli.options import (
     ModelArg,
     Offload,
     Parallel,
+    Precision,
     Seed,
     Spec,
     SpecK,
@@ -64,6 +65,7 @@ def run(
     gpu_layers: GpuLayers = None,
     spec: Spec = None,
     spec_k: SpecK = None,
+    precision: Precision = "fast",
     json_out: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (text + metrics) instead.")
     ] = False,
@@ -95,6 +97,7 @@ def run(
         parallel=parallel,
         kv_budget=kv_budget_bytes(kv_budget),
         **offload_knobs(offload, gpu_layers),
+        precision=precision,
         **spec_knobs(spec, spec_k),
     )
     params = SamplingParams(

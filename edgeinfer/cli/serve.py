@@ -14,6 +14,7 @@ from edgeinfer.cli.options import (
     ModelArg,
     Offload,
     Parallel,
+    Precision,
     Spec,
     SpecK,
     Threads,
@@ -78,6 +79,7 @@ def serve(
     ] = False,
     spec: Spec = None,
     spec_k: SpecK = None,
+    precision: Precision = "fast",
     chat_template_file: Annotated[
         Path | None,
         typer.Option(
@@ -102,6 +104,7 @@ def serve(
         **offload_knobs(offload, gpu_layers),
         max_num_seqs=max_num_seqs,
         batch_invariant=batch_invariant,
+        precision=precision,
         **spec_knobs(spec, spec_k),
     )
     keys = list(api_key or []) + (read_key_file(api_key_file) if api_key_file else [])

@@ -23,6 +23,7 @@ from edgeinfer.engine.kv_cache import BLOCK_SIZE
 from edgeinfer.engine.requests import PromptError, Requests, check_token_ids
 from edgeinfer.engine.scheduler import ScheduledBatch, Scheduler
 from edgeinfer.engine.sequence import Sequence
+from edgeinfer.models.base import ROW_WISE_EXACT, ROW_WISE_INT8
 from edgeinfer.speculative import make_speculator
 
 # Output tokens per second are averaged over this many seconds.
@@ -118,15 +119,24 @@ class Engine:
         logits = self.runner.execute(batch.chunks, self._row_wise(batch))
         return outputs + self._postprocess(batch, logits, now)
 
-    def _row_wise(self, batch: ScheduledBatch) -> bool:
-        """Prompt chunks always take the row-wise kernels; a step of decode tokens only takes
-        the fastest kernels for its size unless the config asks for batch invariance."""
+    def _row_wise(self, batch: ScheduledBatch) -> bool | str:
+        return self._kernels(
+            all(
+                len(c.token_ids) == 1 + c.num_draft and c.start >= c.seq.num_prompt_tokens
+                for c in batch.chunks
+            )
+        )
+
+    def _kernels(self, decode: bool) -> bool | str:
+        """-> Batch.row_wise: precision "exact" takes float activations everywhere; otherwise
+        prompt rows take the row-wise kernels with int8 activations where the type gains by it,
+        and a step of decode tokens the fastest kernels for its size unless the config asks for
+        batch invariance."""
+        if self.config.precision == "exact":
+            return ROW_WISE_EXACT
         if self.config.batch_invariant:
             return True
-        return not all(
-            len(c.token_ids) == 1 + c.num_draft and c.start >= c.seq.num_prompt_tokens
-            for c in batch.chunks
-        )
+        return False if decode else ROW_WISE_INT8
 
     def _postprocess(self, batch: ScheduledBatch, logits, now: float) -> list:
         for chunk in batch.chunks:
@@ -162,7 +172,7 @@ class Engine:
     def forward(self, seq_id: int, token_ids) -> np.ndarray:
         """Evaluation outside the queue: append token_ids to sequence seq_id's cache ->
         float32[n, vocab], the logits after each of them (chunks of max_num_batched_tokens, the
-        fastest kernels for their size). `release(seq_id)` frees its blocks. Bad ids or a
+        kernels a step would take for them). `release(seq_id)` frees its blocks. Bad ids or a
         sequence past the context raise PromptError and change nothing."""
         have = self.scheduler.seq_len(seq_id)
         ids = check_token_ids(token_ids, self.runner.config.vocab_size)
@@ -175,7 +185,8 @@ class Engine:
         rows = []
         for i in range(0, len(ids), step):
             chunk = self.scheduler.extend(seq_id, ids[i : i + step], have + i)
-            rows += self.runner.execute([chunk], row_wise=False, all_logits=True)
+            decode = len(chunk.token_ids) == 1  # as a step would run it
+            rows += self.runner.execute([chunk], self._kernels(decode), all_logits=True)
         return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
     def release(self, seq_id: int) -> None:
