@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import gguf
-import llama_cpp
 import numpy as np
 import pytest
 from tokenizer_oracle import VOCABS, Oracle, oracle, ours, reference_cases, vocab_path
@@ -18,14 +17,21 @@ from edgeinfer.tokenizer.vocab import Vocab
 
 
 @pytest.mark.parametrize("name", VOCABS)
-def test_reference_cases_match_hf_and_llama_cpp(name):
-    path = str(vocab_path(name))
-    tok, ref = ours(path), oracle(path)
+def test_reference_cases_match_hf(name):
+    # llama.cpp's test files hold HF's ids: no llama.cpp needed (make test-arm runs this)
+    tok = ours(str(vocab_path(name)))
     cases = reference_cases(name)
     assert len(cases) > 40
     for text, expected in cases:
+        assert tok.encode(text, add_bos=False) == expected, text
+
+
+@pytest.mark.parametrize("name", VOCABS)
+def test_reference_cases_match_llama_cpp(name):
+    path = str(vocab_path(name))
+    tok, ref = ours(path), oracle(path)
+    for text, _ in reference_cases(name):
         ids = tok.encode(text, add_bos=False)
-        assert ids == expected, text
         assert ids == ref.tokenize(text, add_special=False, parse_special=False), text
         with_bos = tok.encode(text)
         assert with_bos == ref.tokenize(text, add_special=True, parse_special=False), text
@@ -36,6 +42,8 @@ def test_reference_cases_match_hf_and_llama_cpp(name):
 def test_vocab_attributes_match_llama_cpp(name):
     """Which tokens are control/user-defined/EOG etc. after llama.cpp's load-time fix-ups."""
     path = str(vocab_path(name))
+    import llama_cpp
+
     tok, ref = ours(path), oracle(path)
     v = ref.vocab
     assert tok.vocab_size == ref.n_tokens

@@ -7,8 +7,6 @@ import ctypes
 from functools import cache
 from pathlib import Path
 
-import llama_cpp
-
 from edgeinfer.tokenizer import Tokenizer
 
 VOCAB_DIR = Path(__file__).parent / "data" / "vocab"
@@ -28,29 +26,32 @@ class Oracle:
     """llama.cpp's tokenizer through the C API (no buffer-size limits of the Python helpers)."""
 
     def __init__(self, path: str):
+        import llama_cpp  # here, not at the top: make test-arm imports this module without it
+
+        self.api = llama_cpp
         self.llama = llama_cpp.Llama(path, vocab_only=True, verbose=False)
-        self.vocab = llama_cpp.llama_model_get_vocab(self.llama._model.model)
-        self.n_tokens = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.vocab = self.api.llama_model_get_vocab(self.llama._model.model)
+        self.n_tokens = self.api.llama_vocab_n_tokens(self.vocab)
 
     def tokenize(self, text: str, add_special: bool, parse_special: bool) -> list[int]:
         data = text.encode()
         cap = len(data) + 8
-        buf = (llama_cpp.llama_token * cap)()
-        n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special,
-                                     parse_special)  # fmt: skip
+        buf = (self.api.llama_token * cap)()
+        n = self.api.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special,
+                                    parse_special)  # fmt: skip
         assert n >= 0
         return buf[:n]
 
     def piece(self, token: int, special: bool) -> bytes:
         buf = ctypes.create_string_buffer(1024)
-        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 1024, 0, special)
+        n = self.api.llama_token_to_piece(self.vocab, token, buf, 1024, 0, special)
         assert 0 <= n <= 1024
         return buf.raw[:n]
 
     def detokenize(self, ids: list[int], special: bool = False) -> str:
         # llama-cpp-python's Llama.detokenize: pieces joined, a leading space dropped after BOS.
         data = b"".join(self.piece(i, special) for i in ids)
-        bos = llama_cpp.llama_vocab_bos(self.vocab)
+        bos = self.api.llama_vocab_bos(self.vocab)
         if ids and ids[0] == bos and data[:1] == b" ":
             data = data[1:]
         return data.decode("utf-8", "replace")
