@@ -24,10 +24,17 @@ class DraftModelProposer(Proposer):
 
         from edgeinfer.engine.runner import ModelRunner
 
-        # as many cached tokens as the target, in whole contexts
+        # as many cached tokens as the target, in whole contexts; the target's layer offload
+        # names the target's layers, so the draft runs on the CPU
         parallel = max(1, target.num_blocks * BLOCK_SIZE // target.max_context)
         draft_config = replace(
-            config, ctx=target.max_context, parallel=parallel, kv_budget=None, speculative=None
+            config,
+            ctx=target.max_context,
+            parallel=parallel,
+            kv_budget=None,
+            speculative=None,
+            offload=None,
+            gpu_layers=None,
         )
         self.runner = ModelRunner(model, draft_config)
         check_same_vocab(self.runner.gguf, target.gguf, model)
