@@ -122,8 +122,11 @@ class LLM:
         return blocks.num_used_blocks, blocks.num_blocks
 
     def kv_report(self) -> str:
-        """The KV cache's size and where it came from, in one line."""
-        return self._runner.kv_report()
+        """The KV cache's size and where it came from, in one line (and a draft model's, in a
+        second line, with `speculative="draft:MODEL"`)."""
+        spec = self.engine.speculator
+        draft = spec.proposer.kv_report() if spec else None
+        return self._runner.kv_report() + (f"\ndraft model {draft}" if draft else "")
 
     def placement(self) -> str:
         """Which layers run where (edgeinfer's kernels, a ggml backend) and what a ggml span

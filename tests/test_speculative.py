@@ -318,6 +318,7 @@ def test_a_draft_model_keeps_greedy_output_and_its_cache_is_freed(synth, synthet
         s = llm.stats()
         assert s.spec_proposed_tokens > 0 and s.spec_acceptance_rate >= least, (draft, s)
         assert llm.engine.speculator.proposer.blocks.num_used_blocks == 0
+        assert "\ndraft model KV cache: 64 blocks" in llm.kv_report()  # as many as the target
 
 
 def patched(src, tmp_path, old: bytes, new: bytes):

@@ -59,6 +59,9 @@ class DraftModelProposer(Proposer):
                         pending[i] = chunk
         return guesses
 
+    def kv_report(self) -> str:
+        return self.runner.kv_report()
+
     def forget(self, seq_id: int) -> None:
         self.blocks.free(seq_id)
         self._cached.pop(seq_id, None)

@@ -17,3 +17,7 @@ class Proposer(ABC):
 
     def forget(self, seq_id: int) -> None:  # noqa: B027 (optional: stateless proposers skip it)
         """Drop what is kept about a finished sequence."""
+
+    def kv_report(self) -> str | None:
+        """One line on a KV cache of its own, if it keeps one."""
+        return None
