@@ -264,3 +264,14 @@ def test_the_chat_stats_say_which_layers_run_where(llama_f32):
         assert "layer 1 + head on ggml cpu" in line and "KV cache 256.0 KiB" in line
 
     run(app, (160, 30), script)
+
+
+def test_an_f32_kv_cache_on_the_device(llama_f32):
+    """kv_dtype f32: the span's cache is float32 on the backend too (F32 weights: the two paths
+    differ only by float rounding)."""
+    toks = list(range(5, 45))
+    ours = run_logits(LLM(str(llama_f32), threads=2, ctx=64, kv_dtype="f32"), toks)
+    llm = LLM(str(llama_f32), threads=2, ctx=64, kv_dtype="f32", offload=f"all@{BACKEND}")
+    # 2 layers x 512 rows (a scratch row + 4 x 64 slots, in steps of 256) x (K + V) 256 x 4 B
+    assert "KV cache 1.0 MiB" in llm.placement()
+    assert nmse(run_logits(llm, toks), ours) < FLOOR
