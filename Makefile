@@ -11,7 +11,7 @@ MODEL  ?= smollm2-135m-instruct
 # reuse a build made with other flags (it ignores CMAKE_ARGS), hence --no-cache-dir.
 LLAMA_CMAKE_ARGS := $(if $(filter x86_64 amd64,$(shell uname -m)),-DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8)
 
-.PHONY: setup chat test cuda lint format bench clean
+.PHONY: setup chat test test-arm cuda lint format bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ chat: setup
 
 test: setup
 	$(BIN)/python -m pytest
+
+# The tests that need no llama.cpp, on aarch64 under QEMU user-mode emulation (Linux, root:
+# debootstrap and qemu-user-static come from apt-get; the arm64 system is cached in .cache/arm).
+test-arm:
+	tools/arm/test.sh
 
 # ggml's CUDA backend module for --gpu-layers / --offload ...@cuda (needs an NVIDIA GPU; never part
 # of `make test`): bench/build_cuda.sh builds it from the pinned llama-cpp-python's source.
