@@ -6,11 +6,12 @@
 For every type: a random weight of >= --mb MB (bigger than L3, so it streams from RAM),
 y = x · Wᵀ for each n; GB/s = weight bytes / time, % of the bandwidth measured in the same run
 with all threads (a parallel sum over a large array), GFLOP/s = 2·n·out·in / time; at n = 512
-also numpy's float32 matmul FLOP rate on the same shape. Best of several repeats, and best of
---rounds passes over all the types (the bandwidth too, measured again each pass): on a shared
-machine a slow spell otherwise lands on whichever types ran during it. Then the cold
-JIT compile time of every kernel (fresh NUMBA_CACHE_DIR, in a subprocess) and the warm start
-with that cache. `--json` prints exactly one JSON object.
+also numpy's float32 matmul FLOP rate on the same shape, and the prompt rows' two row-wise paths
+(the float row tiles of --precision exact, the int8 GEMM of fast where the type takes it).
+Best of several repeats, and best of --rounds passes over all the types (the bandwidth too,
+measured again each pass): on a shared machine a slow spell otherwise lands on whichever types
+ran during it. Then the cold JIT compile time of every kernel (fresh NUMBA_CACHE_DIR, in a
+subprocess) and the warm start with that cache. `--json` prints exactly one JSON object.
 """
 
 from __future__ import annotations
@@ -112,6 +113,12 @@ def bench_type(qtype, ns, min_mb, bandwidth, rng) -> list[dict]:
             del wf
             r["numpy_f32_gflops"] = round(2 * n * rows * cols / tb / 1e9, 2)
             r["pct_numpy"] = round(100 * tb / t, 1)
+            paths = {"rows_f32": kernels.bind_row_wise([w], exact=True)}
+            if w.unit.int8_faster:
+                paths["rows_int8"] = kernels.bind_row_wise([w], int8=True)
+            for label, call in paths.items():
+                tr = best_time(lambda x=x, call=call: call(x), 2)
+                r[f"{label}_gflops"] = round(2 * n * rows * cols / tr / 1e9, 2)
         results.append(r)
     return results
 
@@ -122,6 +129,9 @@ def best_of_rounds(rounds: list[list[dict]], bandwidth: float) -> list[dict]:
     best = []
     for runs in zip(*rounds, strict=True):
         r = dict(min(runs, key=lambda r: r["ms"]))
+        for key in ("rows_f32_gflops", "rows_int8_gflops"):
+            if key in r:
+                r[key] = max(x[key] for x in runs)
         r["pct_bandwidth"] = round(100 * r["gbs"] / bandwidth, 1)
         numpy = [x["numpy_f32_gflops"] for x in runs if "numpy_f32_gflops" in x]
         if numpy:
@@ -141,6 +151,9 @@ def compile_probe() -> None:
         w = random_weight(qtype, 0, rng)
         for n in (1, 64):  # the fused small-n kernel and, for most types, the tiled BLAS path
             kernels.matmul(np.ones((n, COLS), np.float32), w)
+        if w.unit.matmul_int8 is not None:  # the prompt rows' int8 GEMM
+            x = np.ones((4, COLS), np.float32)
+            w.unit.matmul_int8(w.row_parts, x, np.empty((4, w.shape[0]), np.float32))
         kernels.embedding(w, [0, 3])
     print(time.time() - psutil.Process().create_time())
 
@@ -204,6 +217,11 @@ def main() -> None:
                     f"  numpy f32 {r['numpy_f32_gflops']:.1f} GFLOP/s ({r['pct_numpy']} %)"
                     if "pct_numpy" in r
                     else ""
+                )
+                + "".join(
+                    f"  {key[:-7]} {r[key]:.1f}"
+                    for key in ("rows_f32_gflops", "rows_int8_gflops")
+                    if key in r
                 ),
                 flush=True,
             )
