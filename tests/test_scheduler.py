@@ -151,3 +151,20 @@ def test_drafts_take_only_what_the_step_leaves_and_rejected_ones_give_their_bloc
     s.commit(batch, {a.seq_id: 4})
     assert a.num_computed == s.blocks.seq_len(a.seq_id) == 4 and b.num_computed == 8
     assert s.blocks.num_free_blocks == 1
+
+
+def test_a_step_that_computes_a_prompt_chunk_carries_no_drafts():
+    s = make(max_tokens=32)
+    a = Seq(3)
+    s.add(a, 0)
+    advance(s, s.schedule(0))
+    b = Seq(5)
+    s.add(b, 0)
+    batch = s.schedule(0, {a.seq_id: [1, 2]})
+    assert [(q, n, c.num_draft) for (q, n), c in zip(pairs(batch), batch.chunks, strict=True)] == [
+        (a, 1, 0),
+        (b, 5, 0),
+    ]
+    advance(s, batch)
+    batch = s.schedule(0, {a.seq_id: [1, 2]})  # decode tokens only: the draft rides along
+    assert [(q, n) for q, n in pairs(batch)] == [(a, 3), (b, 1)]

@@ -173,11 +173,14 @@ class Scheduler:
 
     def _add_drafts(self, batch: ScheduledBatch, drafts: dict[int, list[int]]) -> None:
         """Append each decoding sequence's draft to its chunk, as far as the token budget and
-        the free blocks go."""
+        the free blocks go; not in a step that computes a prompt chunk (it takes the slower
+        prompt kernels, where every draft row costs a full row)."""
+        if any(c.start != len(c.seq.token_ids) - 1 for c in batch.chunks):
+            return
         for chunk in batch.chunks:
             seq = chunk.seq
             draft = drafts.get(seq.seq_id)
-            if not draft or chunk.start != len(seq.token_ids) - 1:
+            if not draft:
                 continue
             n = min(len(draft), self.max_num_batched_tokens - batch.num_tokens)
             promised = self._promised.get(seq.seq_id, 0)
