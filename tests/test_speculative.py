@@ -193,8 +193,12 @@ def same(a, b):
     ]
 
 
-@pytest.mark.parametrize("batch_invariant", [True, False])
-def test_greedy_is_token_for_token_the_output_without_speculation(synth, batch_invariant):
+@pytest.mark.parametrize(
+    "mode",
+    [{"batch_invariant": True}, {"precision": "exact"}, {}],
+    ids=["invariant", "exact", "fast"],
+)
+def test_greedy_is_token_for_token_the_output_without_speculation(synth, mode):
     rng = np.random.default_rng(0)
     phrase = rng.integers(300, 400, 12).tolist()
     # copy-prone, random and short prompts in one batch: some steps verify drafts for some
@@ -206,13 +210,11 @@ def test_greedy_is_token_for_token_the_output_without_speculation(synth, batch_i
         SamplingParams(temperature=0, max_tokens=50, ignore_eos=True, frequency_penalty=0.5),
         SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, logprobs=2),
     ]
-    base, _ = run(synth, prompts, params, batch_invariant=batch_invariant)
-    got, stats = run(
-        synth, prompts, params, batch_invariant=batch_invariant, speculative="ngram", spec_k=6
-    )
+    base, _ = run(synth, prompts, params, **mode)
+    got, stats = run(synth, prompts, params, **mode, speculative="ngram", spec_k=6)
     assert same(base, got)
     lp = [[t.logprob for t in c.logprobs or ()] for c in (base[3], got[3])]
-    if batch_invariant:  # the same bits
+    if mode:  # the same bits
         assert got[3].logprobs == base[3].logprobs
     else:  # a verify step's rows may take other kernels than one-row decode: rounding differs
         np.testing.assert_allclose(lp[0], lp[1], atol=1e-4)
