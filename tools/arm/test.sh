@@ -103,7 +103,8 @@ build_venv() {
     say "installing the dependencies from PyPI into the rootfs venv (a few minutes)"
     # the host's network setup: its resolver and trusted CAs (a TLS-inspecting proxy's included)
     cp -L /etc/resolv.conf "$ROOT/etc/resolv.conf"
-    cp -L /etc/ssl/certs/ca-certificates.crt "$ROOT/etc/ssl/certs/ca-certificates.crt"
+    local cas=/etc/ssl/certs/ca-certificates.crt
+    [ ! -e $cas ] || cp -L $cas "$ROOT$cas"
     [ -e "$ROOT$VENV/pyvenv.cfg" ] || in_root python3 -m venv $VENV
     in_root $PIP install -q --upgrade pip
     local test_deps
