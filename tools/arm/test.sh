@@ -32,6 +32,11 @@ say() { echo "test-arm: $*"; }
 unavailable() {
     [ "$(uname -s)" = Linux ] || { echo "needs Linux (chroot + binfmt_misc)"; return; }
     [ "$(id -u)" = 0 ] || { echo "needs root (chroot, mounts, apt-get)"; return; }
+    unshare --mount true 2>/dev/null || { echo "cannot make a mount namespace (a container?)"; return; }
+    if [ $NATIVE = 0 ] && [ ! -e /proc/sys/fs/binfmt_misc/register ]; then
+        mount binfmt_misc -t binfmt_misc /proc/sys/fs/binfmt_misc 2>/dev/null ||
+            { echo "cannot mount binfmt_misc, which runs aarch64 programs (a container?)"; return; }
+    fi
     command -v apt-get >/dev/null && return
     for tool in debootstrap rsync unshare $([ $NATIVE = 1 ] || echo qemu-aarch64-static); do
         command -v $tool >/dev/null || { echo "no $tool and no apt-get to install it"; return; }
