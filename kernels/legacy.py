@@ -192,10 +192,11 @@ def legacy_unit(qtype: GGMLQuantizationType, block: Block, small_n_max: int):
     row = jit_copy(_dequantize_row, f"{qtype.name.lower()}_row", row_globals)
     # 8-bit q: 16-bit products, and neither offset nor min to fold out with sums
     acts = (0, np.int16) if block.bits == 8 else (BLOCK, np.int8)
-    # not int8_faster: one float scaling per 32 weights holds the GEMM to the float row tiles
-    # speed (Q8_0, Q4_0, Q5_0: 1.0x a core on Zen 3's AVX2), or below it with a min (Q4_1, Q5_1:
-    # 0.6-0.8x), so prompt rows of these types stay float
+    # One float scaling per 32 weights holds the GEMM to the float row tiles' speed (Q8_0, Q4_0,
+    # Q5_0: 1.0x a core on Zen 3's AVX2), or below it with a min (Q4_1, Q5_1: 0.6-0.8x): their
+    # prompt rows stay float, but for Q8_0's, which took its fused int8 kernel (1.05-1.2x slower)
     int8 = dict(unpack=block_unpacker(block), min_groups=1 if block.min_at else 0)
+    int8.update(int8_faster=block.bits == 8)
     return build(qtype, row, block_dot(block), *acts, small_n_max=small_n_max, **int8)
 
 
