@@ -451,19 +451,16 @@ def test_close_and_context_manager(reference):
         g.tensor_data("f32")
 
 
-def test_big_vocabulary_parses_fast(tmp_path):
-    # Gemma 3 has 262,144 tokens; parsing them must not dominate `info` or model load.
+def test_big_vocabulary_parses(tmp_path):
+    # Gemma 3 has 262,144 tokens (bench/gguf_read.py times their parsing against llama.cpp's)
     tokens = [f"tok{i}" * (1 + i % 4) for i in range(262_144)]
     w = gguf.GGUFWriter(str(tmp_path / "vocab.gguf"), "gemma3")
     w.add_array("tokenizer.ggml.tokens", tokens)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.close()
-    start = time.perf_counter()
     g = read_gguf(tmp_path / "vocab.gguf")
-    elapsed = time.perf_counter() - start
     assert g.metadata["tokenizer.ggml.tokens"] == tokens
-    assert elapsed < 1.0, f"{elapsed:.2f} s"  # ~0.2 s on a quiet machine; headroom for load
 
 
 # --- fuzz: any damage gives a clean GGUFError (or a still-valid file), quickly --------------
