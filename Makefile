@@ -11,7 +11,7 @@ MODEL  ?= smollm2-135m-instruct
 # reuse a build made with other flags (it ignores CMAKE_ARGS), hence --no-cache-dir.
 LLAMA_CMAKE_ARGS := $(if $(filter x86_64 amd64,$(shell uname -m)),-DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8)
 
-.PHONY: setup chat test test-arm cuda lint format bench clean
+.PHONY: setup chat test test-arm cuda rpc lint format bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,8 @@ setup: $(STAMP)
 chat: setup
 	$(BIN)/edgeinfer chat $(MODEL)
 
-test: setup
+# tests/test_rpc.py needs ggml's RPC module: built once (about a minute), then a no-op.
+test: setup rpc
 	$(BIN)/python -m pytest
 
 # The tests that need no llama.cpp, on aarch64 under QEMU user-mode emulation (Linux, root:
@@ -38,6 +39,11 @@ test-arm:
 # of `make test`): bench/build_cuda.sh builds it from the pinned llama-cpp-python's source.
 cuda: setup
 	bench/build_cuda.sh
+
+# ggml's RPC backend module for --rpc and `edgeinfer rpc-server` (CPU only, small): bench/build_rpc.sh
+# builds it from the pinned llama-cpp-python's source into $(EDGEINFER_HOME)/ggml, once.
+rpc: setup
+	bench/build_rpc.sh
 
 lint: setup
 	$(BIN)/ruff check .
