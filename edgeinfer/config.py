@@ -43,7 +43,10 @@ class EngineConfig:
     step (6: a verify pass of 7 rows stays in the int8 decode kernels of most weight types).
     offload: "LAYERS@BACKEND" (e.g. "12-29@cuda:0", "0-5@cpu", "all@cuda"), a span of layers
     that ggml's backend runs; gpu_layers: llama.cpp's -ngl, the last N layers on cuda (the head
-    too when N covers every layer). At most one of them (edgeinfer.ggml.placement).
+    too when N covers every layer). At most one of them (edgeinfer.ggml.placement). Several
+    comma-separated spans may follow one another, e.g. on ggml RPC servers ("8-15@rpc:HOST:PORT").
+    rpc: "HOST:PORT[,HOST:PORT...]", ggml RPC servers (`edgeinfer rpc-server`); without offload
+    the last gpu_layers layers (all and the head if None) are split among them by free memory.
     """
 
     threads: int | None = None
@@ -61,6 +64,7 @@ class EngineConfig:
     spec_k: int = 6
     offload: str | None = None
     gpu_layers: int | None = None
+    rpc: str | None = None
 
     def __post_init__(self):
         from edgeinfer.engine.kv_cache import check_kv_dtype
@@ -117,6 +121,12 @@ class EngineConfig:
             if not isinstance(self.offload, str):
                 raise ConfigError(f"offload must be a string, got {self.offload!r}")
             check_offload(self.offload)
+        if self.rpc is not None:
+            from edgeinfer.ggml.placement import check_rpc
+
+            if not isinstance(self.rpc, str):
+                raise ConfigError(f"rpc must be a string, got {self.rpc!r}")
+            check_rpc(self.rpc)
 
     @property
     def step_logit_rows(self) -> int:

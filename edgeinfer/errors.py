@@ -20,3 +20,8 @@ class ModelNotFoundError(EdgeInferError):
 
 class PullError(EdgeInferError):
     """A model could not be fetched or failed its integrity check."""
+
+
+class DeviceLostError(EdgeInferError):
+    """A device holding layers and their KV cache was lost mid-request (a ggml RPC server): the
+    requests using it fail, and the prefixes cached on it are forgotten."""

@@ -72,7 +72,7 @@ class LLM:
 
     The keyword arguments are `EngineConfig`'s (threads, ctx, parallel, kv_budget, kv_dtype,
     max_num_seqs, max_num_batched_tokens, max_wait_ms, prefix_caching, batch_invariant,
-    precision, speculative, spec_k, offload, gpu_layers), or
+    precision, speculative, spec_k, offload, gpu_layers, rpc), or
     pass a whole `config`. KV cache: `parallel` sequences of `ctx` tokens, or `kv_budget` bytes;
     any mix of requests shares it. `batch_invariant` makes every request's tokens the same as
     running it alone, bit for bit, at the price of a slower single-sequence decode.

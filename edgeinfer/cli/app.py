@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from edgeinfer.cli import chat, eval, info, pull, quantize, run, serve
+from edgeinfer.cli import chat, eval, info, pull, quantize, rpc_server, run, serve
 from edgeinfer.errors import EdgeInferError
 
 try:  # recent typer vendors click; older releases use the click package
@@ -29,6 +29,7 @@ app.command("run")(run.run)
 app.command("serve")(serve.serve)
 app.command("quantize")(quantize.quantize)
 app.command("eval")(eval.eval_)
+app.command("rpc-server")(rpc_server.rpc_server)
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ from edgeinfer.cli.options import (
     ModelArg,
     Offload,
     Precision,
+    Rpc,
     Seed,
     Spec,
     SpecK,
@@ -46,6 +47,7 @@ def chat(
     seed: Seed = None,
     offload: Offload = None,
     gpu_layers: GpuLayers = None,
+    rpc: Rpc = None,
     spec: Spec = None,
     spec_k: SpecK = None,
     precision: Precision = "fast",
@@ -57,7 +59,7 @@ def chat(
     from edgeinfer.tui.session import DEFAULT_MAX_TOKENS
 
     limit = max_tokens_limit(DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
-    knobs = spec_knobs(spec, spec_k) | offload_knobs(offload, gpu_layers)
+    knobs = spec_knobs(spec, spec_k) | offload_knobs(offload, gpu_layers, rpc)
     knobs["precision"] = precision
     # bad knobs fail before the screen opens
     EngineConfig(threads=threads, ctx=ctx, parallel=1, **knobs)

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from edgeinfer.cli.options import GpuLayers, Offload
+from edgeinfer.cli.options import GpuLayers, Offload, Rpc
 from edgeinfer.engine import memory_plan
 from edgeinfer.engine.kv_cache import KV_DTYPES
 from edgeinfer.errors import EdgeInferError
@@ -58,14 +58,21 @@ def device_plan(g, cfg, span, mem: dict) -> dict:
     device's free memory as ggml reports it; a host device shares the RAM the host plan uses."""
     from edgeinfer.config import PREFILL_CHUNK
     from edgeinfer.ggml.backends import open_backend
+    from edgeinfer.ggml.placement import endpoint, is_rpc
+    from edgeinfer.ggml.rpc import probe
     from edgeinfer.ggml.span import SpanExecutor
 
-    backend = open_backend(span.backend)
-    try:
-        free, _ = backend.memory()
-        host, device = backend.is_host, backend.describe()
-    finally:
-        backend.close()
+    if is_rpc(span.backend):  # asked from here: ggml's RPC client would abort on a bad server
+        server = probe(endpoint(span.backend))
+        free, host = server.free, False
+        device = f"ggml RPC server {server.endpoint} (protocol {server.version})"
+    else:
+        backend = open_backend(span.backend)
+        try:
+            free, _ = backend.memory()
+            host, device = backend.is_host, backend.describe()
+        finally:
+            backend.close()
     blocks = memory_plan.kv_num_blocks(cfg, mem["ctx"], mem["parallel"], mem["kv_dtype"])
     tokens = min(PREFILL_CHUNK, mem["ctx"])
     need = SpanExecutor.planned_bytes(
@@ -93,15 +100,19 @@ def gather(
     kv_dtype: str,
     offload: str | None = None,
     gpu_layers: int | None = None,
+    rpc: str | None = None,
 ) -> dict:
     """Everything `info` reports, as one JSON-able dict (the --json output)."""
-    from edgeinfer.ggml.placement import check_offload, resolve
+    from edgeinfer.ggml.placement import check_offload, resolve, rpc_endpoints
+    from edgeinfer.ggml.rpc import free_memory
 
     with read_gguf(path) as g:
         cfg = ModelConfig.from_gguf(g)
         if offload is not None:
             check_offload(offload)
-        span = resolve(offload, gpu_layers, cfg.n_layers)
+        servers = rpc_endpoints(offload, rpc)
+        free = free_memory(servers) if servers else {}
+        span = resolve(offload, gpu_layers, cfg.n_layers, rpc, free)
         host = None if span is None else [
             i for i in range(cfg.n_layers) if not span.first <= i < span.stop
         ]  # fmt: skip
@@ -115,6 +126,8 @@ def gather(
             host_layers=host,
         )
         tensor_bytes = memory_plan.weights_bytes(g)
+        mem = plan.as_dict()
+        devices = [] if span is None else [device_plan(g, cfg, p, mem) for p in span.pieces]
         return {
             "path": str(path),
             "file_size": g.file_size,
@@ -140,8 +153,9 @@ def gather(
                 "pre": g.get("tokenizer.ggml.pre"),
             },
             "chat_template": g.get("tokenizer.chat_template") is not None,
-            "memory": plan.as_dict(),
-            "device": None if span is None else device_plan(g, cfg, span, plan.as_dict()),
+            "memory": mem,
+            "device": None if span is None else devices[0],
+            "devices": devices,  # one per backend of the span
         }
 
 
@@ -175,8 +189,8 @@ def render(info: dict) -> str:
             f"{human_bytes(row['bytes']):>11}"
         )
     lines += render_plan(mem)
-    if info.get("device"):
-        lines += render_device(info["device"])
+    for dev in info.get("devices") or []:
+        lines += render_device(dev)
     if mem["ctx"] > info["context_length"]:
         lines.append(f"  note: ctx {mem['ctx']} is beyond the trained {info['context_length']}")
     return "\n".join(lines)
@@ -255,11 +269,12 @@ def info(
     kv_dtype: Annotated[KVDtype, typer.Option(help="KV cache element type")] = KVDtype["f16"],
     offload: Offload = None,
     gpu_layers: GpuLayers = None,
+    rpc: Rpc = None,
 ) -> None:
     """Show a model's metadata, tensor types and memory plan (with --gpu-layers or --offload:
     host and device memory planned separately)."""
     if offload is not None and gpu_layers:
         raise EdgeInferError("give either --offload or --gpu-layers, not both")
     path = resolve_model(model)
-    data = gather(path, ctx, parallel, kv_dtype.value, offload, gpu_layers)
+    data = gather(path, ctx, parallel, kv_dtype.value, offload, gpu_layers, rpc)
     typer.echo(json.dumps(data, indent=2) if as_json else render(data))

@@ -79,7 +79,9 @@ Offload = Annotated[
         "--offload",
         help="Run a span of layers through llama.cpp's ggml backend: LAYERS@BACKEND, e.g. "
         "12-29@cuda:0, 0-5@cpu, 20-29+head@cuda (the output head too), all@cuda. BACKEND: cpu "
-        "(ggml's CPU kernels) or cuda[:N] (build it with `make cuda`).",
+        "(ggml's CPU kernels), cuda[:N] (build it with `make cuda`) or rpc:HOST:PORT (a ggml "
+        "RPC server, `edgeinfer rpc-server`). Several spans, comma-separated, must follow one "
+        "another: 8-15@rpc:10.0.0.2:50052,16-23+head@rpc:10.0.0.3:50052.",
     ),
 ]
 GpuLayers = Annotated[
@@ -92,6 +94,19 @@ GpuLayers = Annotated[
 ]
 
 
-def offload_knobs(offload: str | None, gpu_layers: int | None) -> dict:
-    """--offload / --gpu-layers as EngineConfig knobs (none when neither is given)."""
-    return {k: v for k, v in (("offload", offload), ("gpu_layers", gpu_layers)) if v is not None}
+Rpc = Annotated[
+    str | None,
+    typer.Option(
+        "--rpc",
+        help="ggml RPC servers on other machines, HOST:PORT[,HOST:PORT...] (`edgeinfer "
+        "rpc-server` there; trusted network only: no authentication, no encryption). Without "
+        "--offload every layer and the head (or the last --gpu-layers N layers) are split among "
+        "them in proportion to each one's free memory; their KV cache lives there too.",
+    ),
+]
+
+
+def offload_knobs(offload: str | None, gpu_layers: int | None, rpc: str | None = None) -> dict:
+    """--offload / --gpu-layers / --rpc as EngineConfig knobs (none when none is given)."""
+    knobs = (("offload", offload), ("gpu_layers", gpu_layers), ("rpc", rpc))
+    return {k: v for k, v in knobs if v is not None}

@@ -15,6 +15,7 @@ from edgeinfer.cli.options import (
     Offload,
     Parallel,
     Precision,
+    Rpc,
     Spec,
     SpecK,
     Threads,
@@ -46,6 +47,7 @@ def serve(
     kv_budget: KVBudget = None,
     offload: Offload = None,
     gpu_layers: GpuLayers = None,
+    rpc: Rpc = None,
     threads: Threads = None,
     max_num_seqs: Annotated[
         int, typer.Option("--max-num-seqs", help="Most sequences decoded in one step.")
@@ -101,7 +103,7 @@ def serve(
         ctx=ctx,
         parallel=parallel,
         kv_budget=kv_budget_bytes(kv_budget),
-        **offload_knobs(offload, gpu_layers),
+        **offload_knobs(offload, gpu_layers, rpc),
         max_num_seqs=max_num_seqs,
         batch_invariant=batch_invariant,
         precision=precision,

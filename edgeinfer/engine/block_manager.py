@@ -201,6 +201,15 @@ class BlockManager:
         self.lengths.pop(seq_id, None)
         self.keys.pop(seq_id, None)
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix: their K/V are gone (a device holding part of the cache
+        was lost). Unreferenced cached blocks become plain free blocks; blocks in use keep
+        serving their sequences, but no new request finds them."""
+        self.free_blocks += list(self.evictable)
+        self.evictable.clear()
+        self.cached.clear()
+        self.block_keys = [None] * self.num_blocks
+
     def _take_block(self) -> int:
         if self.free_blocks:
             block = self.free_blocks.pop()

@@ -23,6 +23,7 @@ from edgeinfer.engine.kv_cache import BLOCK_SIZE
 from edgeinfer.engine.requests import PromptError, Requests, check_token_ids
 from edgeinfer.engine.scheduler import ScheduledBatch, Scheduler
 from edgeinfer.engine.sequence import Sequence
+from edgeinfer.errors import DeviceLostError
 from edgeinfer.models.base import ROW_WISE_EXACT, ROW_WISE_INT8
 from edgeinfer.speculative import make_speculator
 
@@ -116,8 +117,19 @@ class Engine:
         self.wait_s = batch.wait_s
         if not batch.chunks:
             return outputs
-        logits = self.runner.execute(batch.chunks, self._row_wise(batch))
+        logits = self._execute(batch.chunks, self._row_wise(batch))
         return outputs + self._postprocess(batch, logits, now)
+
+    def _execute(self, chunks, row_wise, all_logits: bool = False):
+        try:
+            return self.runner.execute(chunks, row_wise, all_logits)
+        except DeviceLostError:
+            # a device holding part of every sequence's K/V is gone (a ggml RPC server): the
+            # sequences fail, and no prefix cached before may be reused
+            for seq in list(self.scheduler.running):
+                self.abort(seq)
+            self.scheduler.reset_prefix_cache()
+            raise
 
     def _row_wise(self, batch: ScheduledBatch) -> bool | str:
         return self._kernels(
@@ -186,7 +198,7 @@ class Engine:
         for i in range(0, len(ids), step):
             chunk = self.scheduler.extend(seq_id, ids[i : i + step], have + i)
             decode = len(chunk.token_ids) == 1  # as a step would run it
-            rows += self.runner.execute([chunk], self._kernels(decode), all_logits=True)
+            rows += self._execute([chunk], self._kernels(decode), all_logits=True)
         return rows[0] if len(rows) == 1 else np.concatenate(rows)
 
     def release(self, seq_id: int) -> None:

@@ -20,7 +20,8 @@ from edgeinfer.engine.kv_cache import BLOCK_SIZE, KVCache
 from edgeinfer.engine.memory_plan import kv_block_bytes, kv_num_blocks, step_bytes, weights_bytes
 from edgeinfer.engine.scheduler import Chunk
 from edgeinfer.errors import EdgeInferError
-from edgeinfer.ggml.placement import resolve
+from edgeinfer.ggml.placement import resolve, rpc_endpoints
+from edgeinfer.ggml.rpc import free_memory
 from edgeinfer.gguf.model_config import ModelConfig
 from edgeinfer.gguf.reader import read_gguf
 from edgeinfer.models import load_model
@@ -42,7 +43,10 @@ class ModelRunner:
         self.threads = kernels.set_threads(config.threads)
         self.gguf = read_gguf(self.path)
         self.config = ModelConfig.from_gguf(self.gguf)
-        self.span = resolve(config.offload, config.gpu_layers, self.config.n_layers)
+        servers = rpc_endpoints(config.offload, config.rpc)
+        free = free_memory(servers) if servers else {}  # (probing them: one clear error)
+        self.span = resolve(config.offload, config.gpu_layers, self.config.n_layers, config.rpc,
+                            free)  # fmt: skip
         self.model = load_model(self.gguf, self.config, self.span)
         self.host_layers = (
             self.model.host_layers(self.span) if self.span else list(range(self.config.n_layers))
@@ -71,20 +75,14 @@ class ModelRunner:
         )
 
     def _span_executor(self, config: EngineConfig):
-        """The ggml executor of the offloaded span, handed to the model."""
-        from edgeinfer.ggml.span import SpanExecutor
+        """The ggml executor of the offloaded span (its parts on each backend), handed to the
+        model."""
+        from edgeinfer.ggml.executor import open_executor
 
-        ex = SpanExecutor(
-            self.model,
-            self.gguf,
-            self.span,
-            self.num_blocks,
-            BLOCK_SIZE,
-            config.kv_dtype,
-            config.max_num_batched_tokens,
-            config.step_logit_rows,
-            self.threads,  # ggml's OpenMP team and Numba's run in turn, never at once
-        )
+        plan = (self.num_blocks, BLOCK_SIZE, config.kv_dtype, config.max_num_batched_tokens,
+                config.step_logit_rows)  # fmt: skip
+        # ggml's OpenMP team and Numba's run in turn, never at once: the same thread count
+        ex = open_executor(self.model, self.gguf, self.path, self.span, plan, self.threads)
         if config.batch_invariant:
             ex.make_batch_invariant()
         self.model.attach(ex)

@@ -93,6 +93,10 @@ class Scheduler:
         self.arrived_at.pop(seq.seq_id, None)
         self.blocks.free(seq.seq_id)
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (their K/V were lost with a device)."""
+        self.blocks.reset_prefix_cache()
+
     def schedule(self, now: float, drafts: dict[int, list[int]] | None = None) -> ScheduledBatch:
         """Choose the step's chunks and hand out their cache slots; drafts: see the module."""
         batch = ScheduledBatch()

@@ -1,9 +1,11 @@
-"""Opening a ggml backend by name: `cpu` (ggml's CPU backend, in llama-cpp-python's wheel) or
+"""Opening a ggml backend by name: `cpu` (ggml's CPU backend, in llama-cpp-python's wheel),
 `cuda[:N]` (a backend module built by `make cuda` and loaded at run time with ggml_backend_load,
-so it joins the same registry libllama uses).
+so it joins the same registry libllama uses) or `rpc:HOST:PORT` (a ggml RPC server, through the
+module `make rpc` builds: only ever in a worker process, since its client aborts the process
+when the server is lost; see remote.py).
 
 A backend module is looked for in $EDGEINFER_GGML_MODULES, then in $EDGEINFER_HOME/ggml
-(`make cuda` installs it there).
+(`make cuda` and `make rpc` install them there).
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ from pathlib import Path
 
 from .lib import DEVICE_TYPE_CPU, GGMLError, load, reg_api_problems
 
-MODULES = {"cuda": "libggml-cuda.so"}
+MODULES = {"cuda": "libggml-cuda.so", "rpc": "libggml-rpc.so"}
 BUILD_HINT = {
     "cuda": "build it from the pinned llama-cpp-python's source with `make cuda` (needs an NVIDIA "
     "GPU and its driver; see README, GPU offload)",
+    "rpc": "build it from the pinned llama-cpp-python's source with `make rpc` (a C++ compiler "
+    "and cmake, about a minute; see README, Layers on other machines)",
 }
 
 
@@ -29,13 +33,15 @@ def module_dirs() -> list[Path]:
     return [*dirs, home() / "ggml"]
 
 
-def _load_module(kind: str) -> None:
-    """ggml_backend_load the module for `kind` once; a missing module is one clear error."""
+def load_module(kind: str) -> int:
+    """ggml_backend_load the module for `kind` once -> its registry; a missing module is one
+    clear error."""
     lib = load()
     name = MODULES[kind]
     for i in range(lib.ggml_backend_reg_count()):
-        if lib.ggml_backend_reg_name(lib.ggml_backend_reg_get(i)).decode().lower() == kind:
-            return
+        reg = lib.ggml_backend_reg_get(i)
+        if lib.ggml_backend_reg_name(reg).decode().lower() == kind:
+            return reg
     for d in module_dirs():
         path = d / name
         if path.is_file():
@@ -45,7 +51,7 @@ def _load_module(kind: str) -> None:
             problems = reg_api_problems(reg)
             if problems:
                 raise GGMLError(f"{path}: {problems[0]}; rebuild it ({BUILD_HINT[kind]})")
-            return
+            return reg
     where = ", ".join(str(d) for d in module_dirs())
     raise GGMLError(f"no ggml {kind} backend: {name} is not in {where}; {BUILD_HINT[kind]}")
 
@@ -107,18 +113,53 @@ def _devices_of(kind: str) -> list[int]:
     return devs
 
 
-def open_backend(name: str) -> Backend:
-    """`cpu`, `cuda` (device 0) or `cuda:N` -> a ready Backend, or one GGMLError."""
+def rpc_function(name: str, restype, *argtypes):
+    """A function of the RPC module that ggml hands out by name (ggml_backend_rpc_add_server,
+    ggml_backend_rpc_start_server), typed."""
+    lib = load()
+    ptr = lib.ggml_backend_reg_get_proc_address(load_module("rpc"), name.encode())
+    if not ptr:
+        raise GGMLError(f"the ggml RPC module has no {name}; rebuild it ({BUILD_HINT['rpc']})")
+    return C.CFUNCTYPE(restype, *argtypes)(ptr)
+
+
+def _open_rpc(name: str) -> Backend:
+    """rpc:HOST:PORT -> the server's first device. Aborts the process if the server is not
+    there (ggml's client): callers probe it first (rpc.probe) and run in a worker process."""
+    endpoint = name.partition(":")[2]
+    add_server = rpc_function("ggml_backend_rpc_add_server", C.c_void_p, C.c_char_p)
+    reg = add_server(endpoint.encode())
+    lib = load()
+    if not reg or not lib.ggml_backend_reg_dev_count(reg):
+        raise GGMLError(f"ggml RPC server {endpoint} has no device")
+    dev = lib.ggml_backend_reg_dev_get(reg, 0)
+    ptr = lib.ggml_backend_dev_init(dev, None)
+    if not ptr:
+        raise GGMLError(f"ggml could not initialise backend {name}")
+    return Backend(name, ptr, dev)
+
+
+def find_device(name: str) -> int:
+    """`cpu`, `cuda` (device 0) or `cuda:N` -> its ggml device, or one GGMLError."""
     kind, _, index = name.partition(":")
     if kind != "cpu":
-        if kind not in MODULES:
-            raise GGMLError(f"unknown ggml backend {name!r} (use cpu, cuda or cuda:N)")
-        _load_module(kind)
+        if kind not in MODULES or kind == "rpc":
+            raise GGMLError(f"unknown ggml backend {name!r} (use cpu, cuda, cuda:N or rpc:...)")
+        load_module(kind)
     devs = _devices_of(kind)
     n = int(index) if index else 0
     if n >= len(devs):
         raise GGMLError(f"ggml backend {name}: {len(devs)} {kind} device(s) found")
-    ptr = load().ggml_backend_dev_init(devs[n], None)
+    return devs[n]
+
+
+def open_backend(name: str) -> Backend:
+    """`cpu`, `cuda` (device 0), `cuda:N` or `rpc:HOST:PORT` -> a ready Backend, or one
+    GGMLError."""
+    if name.startswith("rpc:"):
+        return _open_rpc(name)
+    dev = find_device(name)
+    ptr = load().ggml_backend_dev_init(dev, None)
     if not ptr:
         raise GGMLError(f"ggml could not initialise backend {name}")
-    return Backend(name, ptr, devs[n])
+    return Backend(name, ptr, dev)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from gguf import GGMLQuantizationType as T
 
-from .lib import GGMLError, InitParams, load, tensor
+from .lib import CGraph, GGMLError, InitParams, load, tensor
 
 F32, F16, I32, I64 = T.F32, T.F16, T.I32, T.I64
 
@@ -194,7 +194,21 @@ class Builder:
         for out in outputs:
             self.lib.ggml_set_output(out.ptr)
             self.lib.ggml_build_forward_expand(gf, out.ptr)
+        self._name_graph(gf)
         return gf
+
+    def _name_graph(self, gf: int) -> None:
+        """Give the graph a uid, as ggml's scheduler does for llama.cpp: the RPC backend then
+        sends a graph computed twice in a row once, and a 4-byte request after (the layout is
+        checked against ggml's own accessors first; unchecked, the graph goes without)."""
+        g = CGraph.from_address(gf)
+        n = self.lib.ggml_graph_n_nodes(gf)
+        if (
+            (g.size, g.n_nodes, g.uid) == (self.graph_size, n, 0)
+            and n
+            and all(g.nodes[i] == self.lib.ggml_graph_node(gf, i) for i in (0, n - 1))
+        ):
+            g.uid = self.lib.ggml_graph_next_uid()
 
     def graph_nodes(self, gf: int) -> list[int]:
         return [self.lib.ggml_graph_node(gf, i) for i in range(self.lib.ggml_graph_n_nodes(gf))]

@@ -59,6 +59,26 @@ class Tensor(C.Structure):
     ]
 
 
+class CGraph(C.Structure):
+    """struct ggml_cgraph (ggml-impl.h), read to check its layout before `uid` is written."""
+
+    _fields_ = [
+        ("size", C.c_int),
+        ("n_nodes", C.c_int),
+        ("n_leafs", C.c_int),
+        ("nodes", C.POINTER(C.c_void_p)),
+        ("grads", C.c_void_p),
+        ("grad_accs", C.c_void_p),
+        ("leafs", C.c_void_p),
+        ("use_counts", C.c_void_p),
+        ("hash_size", C.c_size_t),
+        ("hash_used", C.c_void_p),
+        ("hash_keys", C.c_void_p),
+        ("order", C.c_int),
+        ("uid", C.c_uint64),
+    ]
+
+
 class InitParams(C.Structure):
     _fields_ = [("mem_size", C.c_size_t), ("mem_buffer", C.c_void_p), ("no_alloc", C.c_bool)]
 
@@ -108,6 +128,7 @@ _SIGNATURES = {
     "ggml_build_forward_expand": ("base", None, [_p, _p]),
     "ggml_graph_n_nodes": ("base", _i, [_p]),
     "ggml_graph_node": ("base", _p, [_p, _i]),
+    "ggml_graph_next_uid": ("base", C.c_uint64, []),
     "ggml_backend_alloc_ctx_tensors": ("base", _p, [_p, _p]),
     "ggml_backend_buffer_free": ("base", None, [_p]),
     "ggml_backend_buffer_clear": ("base", None, [_p, C.c_uint8]),
@@ -130,6 +151,9 @@ _SIGNATURES = {
     "ggml_backend_dev_init": ("base", _p, [_p, _s]),
     "ggml_backend_dev_backend_reg": ("base", _p, [_p]),
     "ggml_backend_reg_name": ("base", _s, [_p]),
+    "ggml_backend_reg_get_proc_address": ("base", _p, [_p, _s]),
+    "ggml_backend_reg_dev_count": ("base", _sz, [_p]),
+    "ggml_backend_reg_dev_get": ("base", _p, [_p, _sz]),
     "ggml_gallocr_new": ("base", _p, [_p]),
     "ggml_gallocr_free": ("base", None, [_p]),
     "ggml_gallocr_reserve": ("base", _b, [_p, _p]),
@@ -140,6 +164,7 @@ _SIGNATURES = {
     "ggml_backend_reg_get": ("reg", _p, [_sz]),
     "ggml_backend_dev_count": ("reg", _sz, []),
     "ggml_backend_dev_get": ("reg", _p, [_sz]),
+    "ggml_backend_device_register": ("reg", None, [_p]),
     "ggml_backend_cpu_set_n_threads": ("cpu", None, [_p, _i]),
     "ggml_backend_cpu_set_use_ref": ("cpu", None, [_p, _b]),
     "ggml_backend_is_cpu": ("cpu", _b, [_p]),

@@ -35,6 +35,7 @@ class DraftModelProposer(Proposer):
             speculative=None,
             offload=None,
             gpu_layers=None,
+            rpc=None,
         )
         self.runner = ModelRunner(model, draft_config)
         check_same_vocab(self.runner.gguf, target.gguf, model)
