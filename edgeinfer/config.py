@@ -27,7 +27,8 @@ class EngineConfig:
     """threads: CPU threads for the kernels (None: the machine's cores).
     ctx: tokens per sequence (None: the model's context length, at most DEFAULT_CTX).
     The KV cache holds `kv_budget` bytes' worth of 16-token blocks if given, else `parallel`
-    sequences of ctx tokens, stored as `kv_dtype` ("f16" or "f32").
+    sequences of ctx tokens, stored as `kv_dtype` ("f16", "f32", or "q8_0" / "q4_0": llama.cpp's
+    quantized cache types, edgeinfer.engine.kv_cache).
     A step runs at most `max_num_seqs` sequences and `max_num_batched_tokens` tokens; with
     nothing running, a partial batch waits up to `max_wait_ms` for more requests.
     prefix_caching: reuse the K/V of prompt blocks an earlier request computed.

@@ -6,9 +6,10 @@ Cache layout (one layer), block_size = bs, a multiple of 16:
                                                 (simd.fma_tile), no horizontal sums
     v: [num_blocks, n_kv_heads, bs, v_head_dim] values as rows: 4 rows' weighted sums over 16
                                                 columns likewise
-stored as float16 bits (uint16; Numba has no float16 arithmetic, so values are widened to
-float32 as they are read) or as float32. A sequence's block-table row maps its logical block i
-(positions i*bs ...) to a physical block; slot = block * bs + offset.
+stored as float16 bits, float32, or quantized to q8_0 / q4_0 groups along the head dimension
+(a pair of codes and scales): see kv_store.
+A sequence's block-table row maps its logical block i (positions i*bs ...) to a physical block;
+slot = block * bs + offset.
 
 `self_attention` is one call per layer: it finishes Q/K/V (per-head QK-norm, RoPE, query
 scale), writes every new K/V row into its slot, then each token attends to its own sequence's
@@ -17,7 +18,8 @@ positions <= its own (causal) and, with a sliding window w, > position - w.
 Work is split into items (query tile, KV heads, key chunk). A tile is up to TILE consecutive
 tokens of one sequence (a prefill run), so each K/V block is read (and widened) once per tile
 rather than once per token; the query heads sharing a KV head (GQA group) share it too: the
-tile's (token, head) rows go four at a time through every block. With enough tiles an item
+tile's (token, head) rows go four at a time through every block. (A quantized cache is always
+read as codes, its scales applied to whole rows of scores and weights.) With enough tiles an item
 of few tokens (decoding ones) takes every KV head, and reads each block's heads as one stretch
 of memory; otherwise one KV head, so that the threads still share the work and a prefill
 tile's scores stay in L2. The key range is
@@ -32,14 +34,25 @@ each sequence the numbers it would get alone).
 
 import numpy as np
 from numba import njit, prange
-from numba.core import types
-from numba.extending import overload
 
 from .activations import exp_f32
-from .block_matmul import LINE
+from .kv_store import (
+    GROUP,
+    codes_flat,
+    codes_to_float,
+    gather_scales,
+    groups,
+    held_shape,
+    in_place,
+    k_shape,
+    prefetch_heads,
+    put,
+    v_shape,
+    widen,
+)
 from .norm import _norm_row
 from .rope import rope_cos_sin, rope_rotate
-from .simd import F16_MASK, F16_REBIAS, F16_SHIFT, TILE_COLS, TILE_ROWS, fma_tile, prefetch
+from .simd import TILE_COLS, TILE_ROWS, fma_tile
 
 TILE = 16
 # Every chunk's softmax state costs a fixed share (buffers, a merge, the first block's misses),
@@ -58,85 +71,19 @@ PREFETCH_BLOCKS = 2
 # simd.fma_tile's, in a fixed order); no no-infinities flag (softmax states start at -inf).
 _FAST = {"reassoc", "contract", "nnan", "nsz"}
 _NEG_INF = np.float32(-np.inf)
-_F16_SHIFT, _F16_MASK, _F16_REBIAS = np.int32(F16_SHIFT), np.int32(F16_MASK), np.float32(F16_REBIAS)
-
-
-@njit(cache=True)
-def float_to_half(x):
-    """float32 -> float16 bits (uint16), round to nearest even, as numpy's astype(np.float16)."""
-    u = np.float32(x).view(np.uint32)
-    sign = np.uint32((u >> np.uint32(16)) & np.uint32(0x8000))
-    a = np.uint32(u & np.uint32(0x7FFFFFFF))
-    if a >= np.uint32(0x7F800000):  # inf / NaN (keep NaN quiet)
-        h = np.uint32(0x7E00) if a > np.uint32(0x7F800000) else np.uint32(0x7C00)
-    elif a >= np.uint32(0x477FF000):  # rounds past 65504
-        h = np.uint32(0x7C00)
-    elif a >= np.uint32(0x38800000):  # normal half: rebias the exponent, round the mantissa
-        r = np.uint32(a - np.uint32(0x38000000))
-        odd = np.uint32((r >> np.uint32(13)) & np.uint32(1))
-        h = np.uint32(np.uint32(r + np.uint32(0x0FFF) + odd) >> np.uint32(13))
-    else:  # subnormal half or zero: scale by 2^24 (exact) and round half to even
-        h = np.uint32(np.rint(a.view(np.float32) * np.float32(16777216.0)))
-    return np.uint16(h | sign)
-
-
-def _store(x, cache, blk, h, j, c):
-    """x: float32 -> cache[blk, h, j, c] in the cache's storage dtype (typed per dtype below)."""
-
-
-def _to_f32(x):
-    """x: a value of the cache's storage dtype -> float32."""
-
-
-@overload(_store)
-def _store_impl(x, cache, blk, h, j, c):
-    if cache.dtype == types.uint16:
-
-        def impl(x, cache, blk, h, j, c):
-            cache[blk, h, j, c] = float_to_half(x)
-
-    else:
-
-        def impl(x, cache, blk, h, j, c):
-            cache[blk, h, j, c] = x
-
-    return impl
-
-
-@overload(_to_f32)
-def _to_f32_impl(x):
-    if x == types.uint16:
-
-        def impl(x):
-            # the branch-free widening described at simd.F16_SHIFT (so the widening loop vectorizes)
-            bits = np.int32((np.int32(np.int16(x)) << _F16_SHIFT) & _F16_MASK)
-            return np.float32(bits.view(np.float32) * _F16_REBIAS)
-
-        return impl
-    return lambda x: x
-
-
-# cache: [num_blocks, nkv, rows, cols] -> dst[:rows, :cols] = cache[blk, h] as float32 (dst may
-# be wider: its padding stays as it is). Indexed, not sliced: a view of the cache takes and drops
-# a reference on it, two atomic updates of one counter that every thread shares, which at one view
-# per block cost more than the copy.
-@njit(cache=True, inline="always")
-def _widen(cache, blk, h, dst):
-    for j in range(cache.shape[2]):
-        for c in range(cache.shape[3]):
-            dst[j, c] = _to_f32(cache[blk, h, j, c])
 
 
 @njit(cache=True)
 def _prepare_token(qkv, t, q_norm, k_norm, eps, pos, inv_freq, neox, q_scale, kc, vc, slot, q):
     # qkv[t]: [nh*dk | nkv*dk | nkv*dv] (finished in place) -> q[t]: [nh, dk]; K/V -> cache slot
     nh, dk = q.shape[1], q.shape[2]
-    nkv, bs, dv = vc.shape[1], vc.shape[2], vc.shape[3]
+    nkv, bs, dv = v_shape(vc)
     row = qkv[t]
     cos = np.empty(inv_freq.shape[0], np.float32)
     sin = np.empty(inv_freq.shape[0], np.float32)
     rope_cos_sin(pos, inv_freq, cos, sin)
     tmp = np.empty(dk, np.float32)
+    codes = np.empty(GROUP, np.int32)
     for h in range(nh):
         x = row[h * dk : (h + 1) * dk]
         if q_norm.shape[0] > 0:
@@ -155,10 +102,8 @@ def _prepare_token(qkv, t, q_norm, k_norm, eps, pos, inv_freq, neox, q_scale, kc
             _norm_row(x, k_norm, eps, tmp)
             x[:] = tmp
         rope_rotate(x, cos, sin, neox)
-        for c in range(dk):
-            _store(x[c], kc, blk, h, c, off)
-        for c in range(dv):
-            _store(row[v0 + h * dv + c], vc, blk, h, off, c)
+        put(x, kc, blk, h, off, False, codes)
+        put(row[v0 + h * dv : v0 + (h + 1) * dv], vc, blk, h, off, True, codes)
 
 
 # Does a token that sees the chunk's keys lo <= j < hi see any of the block at keys j0..j0+bs-1?
@@ -207,19 +152,22 @@ def _tile(count, add, c, c_rows, a, a_rows, b, b_at, b_step, depth):
 # weighted sums out[r, :] += p[r, j] * value j. Rows r: see _attend (head_rows rows per head).
 # Heads inside blocks: a block's heads are one stretch of the cache, which DRAM serves faster
 # than the same bytes read a head at a time.
+# A quantized cache (n_groups scale groups a head; its codes in flat) goes into buf as codes,
+# unscaled: the keys pass then writes each group's partial scores to pg[g * rows + r, j]
+# (scaled and summed by _attend), and the values pass reads each column group's weights from
+# pg[g * rows + r, j] (p times the values' scales, from _attend).
 @njit(cache=True, inline="always")
 def _over_blocks(
     values, q, q_at, p, out, cache, buf, direct, h0, h1, head_rows, table, b_start, b_end, lo,
-    hi, G,
+    hi, G, n_groups, flat, buf_flat, pg,
 ):  # fmt: skip
-    nkv = cache.shape[1]
-    bs = cache.shape[2] if values else cache.shape[3]
-    n_keys, dk = p.shape[1], q.shape[2]
+    nkv, rows, cols = v_shape(cache) if values else k_shape(cache)
+    bs = rows if values else cols
+    n_keys, dk, rows_all = p.shape[1], q.shape[2], p.shape[0]
     width = out.shape[1] if values else bs  # columns of a pass: value columns or keys
-    block = cache.shape[2] * cache.shape[3]
-    span = (h1 - h0) * block  # the heads' stretch of one block
-    line = LINE // cache.itemsize
-    step = cache.shape[3] if direct else buf.shape[1]  # b's row stride for fma_tile
+    block = rows * cols
+    _, source = in_place(cache, buf)  # what fma_tile reads where direct
+    step = cols if direct else buf.shape[1]  # b's row stride for fma_tile
     for b in range(b_start, b_end):
         j0 = (b - b_start) * bs
         blk = table[b]
@@ -228,12 +176,11 @@ def _over_blocks(
         # after several misses.
         first_ahead = b + 1 if b == b_start else b + PREFETCH_BLOCKS
         for ahead in range(first_ahead, min(b + PREFETCH_BLOCKS + 1, b_end)):
-            nxt = (table[ahead] * nkv + h0) * block
-            for k in range(0, span, line):
-                prefetch(cache, nxt + k)
+            prefetch_heads(cache, table[ahead], h0, h1)
         for h in range(h0, h1):
             if not direct:
-                _widen(cache, blk, h, buf)
+                widen(cache, blk, h, buf)
+                codes_to_float(cache, flat, blk, h, buf_flat, values)
             at = (blk * nkv + h) * block  # cache[blk, h, 0, 0]
             head_row = (h - h0) * head_rows
             for r0 in range(0, head_rows, TILE_ROWS):
@@ -246,14 +193,31 @@ def _over_blocks(
                     b_at = at + c if direct else c
                     if values:
                         o_rows, p_rows = _four(g0, width, c), _four(g0, n_keys, j0)
-                        if direct:
-                            _tile(count, True, out, o_rows, p, p_rows, cache, b_at, step, bs)
+                        if n_groups:
+                            w_rows = _shift(p_rows, (c // GROUP) * rows_all * n_keys)
+                            if direct:
+                                _tile(count, True, out, o_rows, pg, w_rows, source, b_at, step, bs)
+                            else:
+                                _tile(count, True, out, o_rows, pg, w_rows, buf, b_at, step, bs)
+                        elif direct:
+                            _tile(count, True, out, o_rows, p, p_rows, source, b_at, step, bs)
                         else:
                             _tile(count, True, out, o_rows, p, p_rows, buf, b_at, step, bs)
                     else:
                         s_rows = _four(g0, n_keys, j0 + c)
-                        if direct:
-                            _tile(count, False, p, s_rows, q, q_rows, cache, b_at, step, dk)
+                        if n_groups:
+                            for g in range(n_groups):
+                                g_rows = _shift(s_rows, g * rows_all * n_keys)
+                                gq_rows = _shift(q_rows, g * GROUP)
+                                g_at = b_at + g * GROUP * step
+                                if direct:
+                                    _tile(count, False, pg, g_rows, q, gq_rows, source, g_at, step,
+                                          GROUP)  # fmt: skip
+                                else:
+                                    _tile(count, False, pg, g_rows, q, gq_rows, buf, g_at, step,
+                                          GROUP)  # fmt: skip
+                        elif direct:
+                            _tile(count, False, p, s_rows, q, q_rows, source, b_at, step, dk)
                         else:
                             _tile(count, False, p, s_rows, q, q_rows, buf, b_at, step, dk)
 
@@ -262,6 +226,11 @@ def _over_blocks(
 @njit(cache=True, inline="always")
 def _four(r0, stride, at):
     return r0 * stride + at, (r0 + 1) * stride + at, (r0 + 2) * stride + at, (r0 + 3) * stride + at
+
+
+@njit(cache=True, inline="always")
+def _shift(four, by):
+    return four[0] + by, four[1] + by, four[2] + by, four[3] + by
 
 
 @njit(cache=True, fastmath=_FAST)
@@ -282,7 +251,7 @@ def _attend(
     # columns per pass. Each head's numbers are the same whichever heads share the call.
     G = m_kept.shape[2]
     nh, dk = q.shape[1], q.shape[2]
-    bs, dv = vc.shape[2], vc.shape[3]
+    _, bs, dv = v_shape(vc)
     head_rows = (t1 - t0) * G
     rows = (h1 - h0) * head_rows
     n_keys = (b_end - b_start) * bs
@@ -291,12 +260,18 @@ def _attend(
     # One decoding token's heads fit one row group: its blocks are read in place and widened
     # in registers. A longer tile widens each block once, into buffers, for all of its groups
     # (V's zero-padded to whole tiles). The arithmetic is the same either way, so a token's
-    # bits do not depend on it.
-    direct_k = head_rows <= TILE_ROWS
-    direct_v = head_rows <= TILE_ROWS and dv == val_cols
+    # bits do not depend on it. A quantized cache is read as codes (q8_0's in place, q4_0's
+    # through the buffers), its scales applied to whole rows of scores and weights (see
+    # _over_blocks).
+    direct_k = head_rows <= TILE_ROWS and in_place(kc, q)[0]
+    direct_v = head_rows <= TILE_ROWS and dv == val_cols and in_place(vc, q)[0]
     kf = np.empty((0 if direct_k else dk, bs), np.float32)
     vf = np.zeros((0 if direct_v else bs, val_cols), np.float32)
     p = np.empty((rows, n_keys), np.float32)
+    k_groups, v_groups = groups(kc, False), groups(vc, True)
+    pg = np.empty((max(k_groups, v_groups) * rows, n_keys), np.float32)
+    k_scales = np.empty((h1 - h0, k_groups, n_keys), np.float32)
+    gather_scales(kc, table, b_start, b_end, h0, h1, k_scales, False)
     out = np.zeros((rows, val_cols), np.float32)
     q_at = np.empty(rows + TILE_ROWS, np.int64)  # flat offset of each row's query in q
     for r in range(rows):
@@ -311,8 +286,16 @@ def _attend(
         lo[i] = max(positions[t0 + i] - window + 1 - first, 0) if window > 0 else 0
     _over_blocks(
         False, q, q_at, p, out, kc, kf, direct_k, h0, h1, head_rows, table, b_start, b_end, lo,
-        hi, G,
+        hi, G, k_groups, codes_flat(kc), kf.reshape(-1), pg,
     )  # fmt: skip
+    if k_groups:  # score = sum over groups of the key's group scale times the partial score
+        for r in range(rows):
+            sc, row = k_scales[r // head_rows], p[r]
+            for j in range(n_keys):
+                row[j] = sc[0, j] * pg[r, j]
+            for g in range(1, k_groups):
+                for j in range(n_keys):
+                    row[j] += sc[g, j] * pg[g * rows + r, j]
     lanes = np.empty(TILE_COLS, np.float32)
     for r in range(rows):
         at = slot + (r // head_rows) * slot_step
@@ -341,9 +324,17 @@ def _attend(
         total = _sum_lanes(lanes)
         m_kept[at, i, g] = mx
         l_kept[at, i, g] = total
+    if v_groups:  # each value group's weights: p times the key's scale of that group
+        v_scales = np.empty((h1 - h0, v_groups, n_keys), np.float32)
+        gather_scales(vc, table, b_start, b_end, h0, h1, v_scales, True)
+        for r in range(rows):
+            sc, row = v_scales[r // head_rows], p[r]
+            for g in range(v_groups):
+                for j in range(n_keys):
+                    pg[g * rows + r, j] = row[j] * sc[g, j]
     _over_blocks(
         True, q, q_at, p, out, vc, vf, direct_v, h0, h1, head_rows, table, b_start, b_end, lo,
-        hi, G,
+        hi, G, v_groups, codes_flat(vc), vf.reshape(-1), pg,
     )  # fmt: skip
     for r in range(rows):
         at = slot + (r // head_rows) * slot_step
@@ -388,7 +379,7 @@ def _item(
     # (Its own function: array expressions in a parallel=True body become parallel regions.)
     i, h0, h1, c = item[0], item[1], item[2], item[3]
     t0, t1 = tiles[i, 0], tiles[i, 1]
-    bs = vc.shape[2]
+    bs = v_shape(vc)[1]
     chunk = tiles[i, 2] // SPLIT_BLOCKS + c
     b_start = max(tiles[i, 2], chunk * SPLIT_BLOCKS)
     b_end = min((chunk + 1) * SPLIT_BLOCKS, positions[t1 - 1] // bs + 1)
@@ -473,8 +464,9 @@ def _self_attention(
     slots,
     nh,
 ):
-    n, dk = qkv.shape[0], kc.shape[2]
-    nkv, bs, dv = vc.shape[1], vc.shape[2], vc.shape[3]
+    n = qkv.shape[0]
+    nkv, dk, bs = k_shape(kc)
+    dv = v_shape(vc)[2]
     G = nh // nkv
     q = np.empty((n, nh, dk), np.float32)
     out = np.empty((n, nh * dv), np.float32)
@@ -523,8 +515,8 @@ def self_attention(
     neox: bool,
     q_scale: float,
     window: int,
-    k_cache: np.ndarray,
-    v_cache: np.ndarray,
+    k_cache: np.ndarray | tuple[np.ndarray, np.ndarray],
+    v_cache: np.ndarray | tuple[np.ndarray, np.ndarray],
     block_tables: np.ndarray,
     seq_rows: np.ndarray,
     positions: np.ndarray,
@@ -538,19 +530,22 @@ def self_attention(
     inv_freq: float64[rope_dims / 2]; q_scale: multiplies Q after RoPE (the 1/sqrt(d) scale);
     window: sliding window in tokens (0: none);
     k_cache: [num_blocks, nkv, dk, block_size], v_cache: [num_blocks, nkv, block_size, dv]
-    (uint16 float16 bits, or float32); block_tables: int32[seqs, max_blocks];
+    (uint16 float16 bits, or float32), or either one a quantized (codes, scales) pair (see
+    kv_store); block_tables: int32[seqs, max_blocks];
     seq_rows: int32[n] (row of block_tables per token); positions: int32[n]; slots: int64[n]
     -> float32[n, n_heads * dv]
     """
-    block_size = v_cache.shape[2]
+    k_held, v_held = held_shape(k_cache, 2), held_shape(v_cache, 3)
+    block_size = v_held[2]
     if block_size % TILE_COLS:
         raise ValueError(f"KV block size must be a multiple of {TILE_COLS}, got {block_size}")
-    if k_cache.shape[:2] != v_cache.shape[:2] or k_cache.shape[3] != block_size:
+    if k_held[:2] != v_held[:2] or k_held[3] != block_size:
         raise ValueError(
-            f"K cache of shape {k_cache.shape} does not match V cache {v_cache.shape} (want"
+            f"K cache of shape {k_held} does not match V cache {v_held} (want"
             " K [blocks, kv heads, head_dim, block_size], V [blocks, kv heads, block_size, v dim])"
         )
-    if not (k_cache.flags.c_contiguous and v_cache.flags.c_contiguous):
+    arrays = [a for c in (k_cache, v_cache) for a in (c if isinstance(c, tuple) else (c,))]
+    if not all(a.flags.c_contiguous for a in arrays):
         raise ValueError("the KV cache must be C-contiguous (blocks are read by flat offset)")
     return _self_attention(
         qkv,

@@ -536,15 +536,21 @@ F16_REBIAS = 2.0**112
 
 def _f32_lanes(builder, ptr, elem):
     # TILE_COLS elements at ptr -> <TILE_COLS x float>: elem i16 (float16 bits, widened as
-    # above) or float
+    # above), i8 (integers: a quantized KV cache's codes, whose scales the caller applies) or float
     n = TILE_COLS
     if elem == _F32:
         return _load(builder, ptr, _vec(_F32, n))
+    if elem == _I8:
+        return builder.sitofp(_load(builder, ptr, _vec(_I8, n)), _vec(_F32, n))
     w = builder.sext(_load(builder, ptr, _vec(_I16, n)), _vec(_I32, n))
     w = builder.shl(w, _i32_lanes(F16_SHIFT, n))
     w = builder.and_(w, _i32_lanes(F16_MASK, n))
     rebias = _splat(builder, ir.Constant(_F32, F16_REBIAS), n)
     return builder.fmul(builder.bitcast(w, _vec(_F32, n)), rebias)
+
+
+# fma_tile's element types of b -> their IR types (see _f32_lanes)
+_TILE_B = {types.float32: _F32, types.uint16: _I16, types.int8: _I8}
 
 
 @intrinsic
@@ -556,11 +562,11 @@ def fma_tile(typingctx, rows, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
 
     A rows x 16 register tile (a vector accumulator per row, no horizontal sums): each output
     lane is its own chain, so its bits depend neither on the other rows nor on how many there
-    are. c, a: float32 arrays, b: float32 or float16 bits (uint16, widened in registers);
-    offsets in elements of the flattened (C-contiguous) arrays."""
+    are. c, a: float32 arrays, b: float32, float16 bits (uint16, widened in registers) or int8
+    (converted in registers); offsets in elements of the flattened (C-contiguous) arrays."""
     if not isinstance(rows, types.IntegerLiteral) or not 1 <= rows.literal_value <= TILE_ROWS:
         return None
-    if not isinstance(add, types.BooleanLiteral) or b.dtype not in (types.float32, types.uint16):
+    if not isinstance(add, types.BooleanLiteral) or b.dtype not in _TILE_B:
         return None
     n_rows = rows.literal_value
 
@@ -573,7 +579,7 @@ def fma_tile(typingctx, rows, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
         c_data = context.make_array(sig.args[2])(context, builder, c).data
         a_data = context.make_array(sig.args[4])(context, builder, a).data
         b_data = context.make_array(sig.args[6])(context, builder, b).data
-        elem = _F32 if sig.args[6].dtype == types.float32 else _I16
+        elem = _TILE_B[sig.args[6].dtype]
         c_ptrs = [builder.gep(c_data, [c_r]) for c_r in c_offs]
         zero = ir.Constant(vec, [0.0] * TILE_COLS)
         start = [_load(builder, p, vec) if add.literal_value else zero for p in c_ptrs]

@@ -6,7 +6,7 @@ import pytest
 from numba import njit
 
 from edgeinfer.kernels.activations import GELU_TANH, SILU, gated_act, softcap_, softmax
-from edgeinfer.kernels.attention import _widen, float_to_half
+from edgeinfer.kernels.kv_store import float_to_half, widen
 from edgeinfer.kernels.norm import add_rms_norm, rms_norm
 from edgeinfer.kernels.rope import apply_rope, rope_inv_freq
 
@@ -129,7 +129,7 @@ def test_float_to_half_matches_numpy():
 
 @njit(cache=True)
 def _widen_njit(cache, dst):
-    _widen(cache, 0, 0, dst)
+    widen(cache, 0, 0, dst)
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.float32], ids=["f16", "f32"])

@@ -4,11 +4,16 @@ which sequence owns which block; this module only holds the arrays).
 k[layer]: [num_blocks, n_kv_heads, head_dim, block_size] (keys as columns),
 v[layer]: [num_blocks, n_kv_heads, block_size, v_head_dim] — see kernels.attention.
 "f16" stores float16 bit patterns as uint16 (what the attention kernel widens as it reads them;
-Numba has no float16 arithmetic), "f32" stores float32. The pools are allocated with np.zeros,
-so pages are committed only as blocks are first written.
+Numba has no float16 arithmetic), "f32" stores float32. "q8_0" and "q4_0" (llama.cpp's
+-ctk/-ctv of those names) store each token's head vectors in groups of QUANT_GROUP values, a
+float16 scale per group: k[layer] and v[layer] are then pairs (codes, scales) of the same layouts,
+the head axis in codes / codes_per_element and in scales / QUANT_GROUP (kernels.kv_store).
+The pools are allocated with np.zeros, so pages are committed only as blocks are first written.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -16,7 +21,28 @@ from edgeinfer.config import ConfigError
 from edgeinfer.gguf.model_config import ModelConfig
 
 BLOCK_SIZE = 16
-KV_DTYPES = {"f16": np.uint16, "f32": np.float32}
+# Values per float16 scale of a quantized cache: ggml's block of 32 (kernels.kv_store.GROUP).
+QUANT_GROUP = 32
+
+
+@dataclass(frozen=True)
+class KVStorage:
+    storage: type  # numpy type of the stored elements (values, or codes)
+    per_element: int = 1  # values per stored element (q4_0: two 4-bit codes a byte)
+    scaled: bool = False  # a float16 scale per QUANT_GROUP values of a head
+
+    def row_bytes(self, dim: int) -> int:
+        """Bytes of one token's head vector of dim values."""
+        scales = dim // QUANT_GROUP * 2 if self.scaled else 0
+        return dim // self.per_element * np.dtype(self.storage).itemsize + scales
+
+
+KV_DTYPES = {
+    "f16": KVStorage(np.uint16),
+    "f32": KVStorage(np.float32),
+    "q8_0": KVStorage(np.int8, scaled=True),
+    "q4_0": KVStorage(np.uint8, per_element=2, scaled=True),
+}
 
 
 def check_kv_dtype(name: str) -> str:
@@ -25,9 +51,22 @@ def check_kv_dtype(name: str) -> str:
     return name
 
 
+def check_kv_dims(name: str, head_dim: int, v_head_dim: int) -> None:
+    """A quantized cache needs head dims made of whole groups (llama.cpp refuses them too)."""
+    if KV_DTYPES[check_kv_dtype(name)].scaled and (
+        head_dim % QUANT_GROUP or v_head_dim % QUANT_GROUP
+    ):
+        raise ConfigError(
+            f"a {name} KV cache quantizes each head in groups of {QUANT_GROUP} values: this "
+            f"model's head dims ({head_dim} for K, {v_head_dim} for V) are not multiples of "
+            f"{QUANT_GROUP}; use --kv-dtype f16"
+        )
+
+
 class KVCache:
     """Pools for the layers in `layers` (default: all n_layers); k[i] and v[i] are None for a
-    layer whose cache lives elsewhere (a ggml span's, on its backend)."""
+    layer whose cache lives elsewhere (a ggml span's, on its backend), and (codes, scales) pairs
+    for a quantized dtype."""
 
     def __init__(
         self,
@@ -40,19 +79,29 @@ class KVCache:
         dtype: str = "f16",
         layers: list[int] | None = None,
     ):
-        self.dtype = check_kv_dtype(dtype)
+        check_kv_dims(dtype, head_dim, v_head_dim)
+        self.dtype = dtype
         self.block_size = block_size
         self.num_blocks = num_blocks
-        storage = KV_DTYPES[dtype]
+        t = KV_DTYPES[dtype]
         layers = list(range(n_layers)) if layers is None else layers
         n = len(layers)
-        self.k_pool = np.zeros((n, num_blocks, n_kv_heads, head_dim, block_size), storage)
-        self.v_pool = np.zeros((n, num_blocks, n_kv_heads, block_size, v_head_dim), storage)
+        pool = (n, num_blocks, n_kv_heads)
+        self.k_pool = np.zeros((*pool, head_dim // t.per_element, block_size), t.storage)
+        self.v_pool = np.zeros((*pool, block_size, v_head_dim // t.per_element), t.storage)
+        # the scales of a quantized cache (float16 bits), empty otherwise
+        groups = (head_dim // QUANT_GROUP, v_head_dim // QUANT_GROUP) if t.scaled else (0, 0)
+        self.k_scales = np.zeros((*pool, groups[0], block_size), np.uint16)
+        self.v_scales = np.zeros((*pool, block_size, groups[1]), np.uint16)
         # Per-layer views built once: the forward pass indexes lists, not 5-D arrays.
-        self.k: list[np.ndarray | None] = [None] * n_layers
-        self.v: list[np.ndarray | None] = [None] * n_layers
+        self.k: list = [None] * n_layers
+        self.v: list = [None] * n_layers
         for j, i in enumerate(layers):
-            self.k[i], self.v[i] = self.k_pool[j], self.v_pool[j]
+            if t.scaled:
+                self.k[i] = (self.k_pool[j], self.k_scales[j])
+                self.v[i] = (self.v_pool[j], self.v_scales[j])
+            else:
+                self.k[i], self.v[i] = self.k_pool[j], self.v_pool[j]
 
     @classmethod
     def for_model(
@@ -71,4 +120,4 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        return self.k_pool.nbytes + self.v_pool.nbytes
+        return self.k_pool.nbytes + self.v_pool.nbytes + self.k_scales.nbytes + self.v_scales.nbytes

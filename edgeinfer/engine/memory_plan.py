@@ -4,11 +4,13 @@ Users run out of memory because the KV cache was never counted, so `edgeinfer in
 weights + KV cache + activations before anything runs, and finds the largest context that fits.
 
 KV cache: every layer stores K (head_dim) and V (v_head_dim) per KV head per token, in 16-token
-blocks (so a sequence's tokens round up to whole blocks). edgeinfer's cache gives all layers one
-block table, so today every layer keeps every token and that is what `kv_bytes`, `fits` and
-`max_ctx` count. A sliding-window layer (gemma3) only ever attends to its last `window` tokens;
-a cache that dropped older blocks there would need only the blocks of one window plus the
-partly filled block at its edge: `kv_bytes_window_capped` reports that lower bound.
+blocks (so a sequence's tokens round up to whole blocks), at 2 bytes a value (f16), 4 (f32),
+34/32 (q8_0: a float16 scale per 32 int8 codes) or 18/32 (q4_0: per 32 4-bit codes).
+edgeinfer's cache gives all layers one block table, so today every layer keeps every token and
+that is what `kv_bytes`, `fits` and `max_ctx` count. A sliding-window layer (gemma3) only ever
+attends to its last `window` tokens; a cache that dropped older blocks there would need only the
+blocks of one window plus the partly filled block at its edge: `kv_bytes_window_capped` reports
+that lower bound.
 
 Activations (one layer at a time, buffers reused across layers), for a prefill chunk of
 T = min(PREFILL_CHUNK, ctx) tokens in float32:
@@ -23,11 +25,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import numpy as np
 import psutil
 
 from edgeinfer.config import DEFAULT_CTX, PREFILL_CHUNK
-from edgeinfer.engine.kv_cache import BLOCK_SIZE, KV_DTYPES, check_kv_dtype
+from edgeinfer.engine.kv_cache import BLOCK_SIZE, KV_DTYPES, check_kv_dims
 from edgeinfer.gguf.model_config import ModelConfig
 from edgeinfer.gguf.reader import GGUFFile
 
@@ -68,7 +69,8 @@ def _blocks(tokens: int) -> int:
 
 
 def kv_layer_bytes_per_token(cfg: ModelConfig, kv_dtype: str) -> int:
-    return cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim) * np.dtype(KV_DTYPES[kv_dtype]).itemsize
+    t = KV_DTYPES[kv_dtype]
+    return cfg.n_kv_heads * (t.row_bytes(cfg.head_dim) + t.row_bytes(cfg.v_head_dim))
 
 
 def kv_block_bytes(cfg: ModelConfig, kv_dtype: str, n_layers: int | None = None) -> int:
@@ -162,7 +164,7 @@ def plan(
     length, at most DEFAULT_CTX); available_bytes defaults to the RAM available now.
     host_layers: the layers whose KV cache is in RAM (default: all; the others are a ggml
     span's, planned on its device by `edgeinfer.ggml.span.SpanExecutor.planned_bytes`)."""
-    check_kv_dtype(kv_dtype)
+    check_kv_dims(kv_dtype, cfg.head_dim, cfg.v_head_dim)
     ctx = min(cfg.ctx_len, DEFAULT_CTX) if ctx is None else ctx
     if ctx < 1 or parallel < 1:
         raise ValueError("ctx and parallel must be at least 1")

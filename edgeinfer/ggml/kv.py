@@ -58,6 +58,10 @@ class DeviceKV:
     @staticmethod
     def bytes_needed(n_layers: int, dims: int, num_blocks: int, block_size: int, dtype: str) -> int:
         """dims: k_dim + v_dim of one layer."""
+        if dtype not in KV_TYPES:  # (every path to a span's cache plans it here first)
+            raise GGMLError(
+                f"--kv-dtype {dtype}: layers that ggml runs keep an f16 or f32 KV cache"
+            )
         rows = bucket_rows(SCRATCH_ROWS + num_blocks * block_size, 1 << 62)
         return n_layers * rows * dims * (2 if dtype == "f16" else 4)
 
