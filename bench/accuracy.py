@@ -9,7 +9,9 @@ kl      On the parity prompts (tests/data/parity_prompts.json, >= 256 positions)
         (--precision fast, the default: int8 activations, as llama.cpp's) with f16 and f32 KV,
         its exact path (--precision exact: float activations) with f16 KV, edgeinfer fed one
         token at a time (its decode kernels, int8 activations at small batches: the speed
-        trade), llama.cpp batched with f16 and f32 KV, and llama.cpp one token at a time.
+        trade), llama.cpp batched with f16 and f32 KV, and llama.cpp one token at a time; then
+        the quantized caches (--kv-dtype q8_0 / q4_0) beside llama.cpp's with the same cache
+        types (-ctk/-ctv, which need its flash attention).
 ppl     `edgeinfer eval`'s perplexity of the evaluation text (tests/data/eval/shakespeare.txt)
         over --windows windows of --ctx tokens beside llama.cpp's on the same windows (computed
         from its logits with the same rule), the seconds each took (logits and statistics), and
@@ -42,6 +44,7 @@ from reference_forward import ReferenceModel  # noqa: E402
 
 TEXT = ROOT / "tests" / "data" / "eval" / "shakespeare.txt"
 DEFAULT_MODELS = ("smollm2-135m-instruct", "gemma3-270m")
+QUANT_KV = {"q8_0": 8, "q4_0": 2}  # llama.cpp's type_k / type_v (GGML_TYPE_Q8_0, _Q4_0)
 LADDER = ("F16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_1", "Q5_0", "Q4_K_M", "Q4_K_S",
           "Q4_1", "Q4_0", "Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K")  # fmt: skip
 
@@ -69,14 +72,22 @@ def measure_kl(model: str, threads: int) -> dict:
         "llama.cpp f16 KV": oracle(path, 512, threads),
         "llama.cpp f32 KV": oracle(path, 512, threads, type_k=F32, type_v=F32),
         "llama.cpp one token at a time": oracle(path, 512, threads, n_batch=1, n_ubatch=1),
+        **{
+            f"llama.cpp {name} KV": oracle(path, 512, threads, type_k=t, type_v=t, flash_attn=True)
+            for name, t in QUANT_KV.items()
+        },
     }
     ei16, ei32 = _edgeinfer(path, threads), _edgeinfer(path, threads, "f32")
     exact = _edgeinfer(path, threads, precision="exact")
+    quant = {name: _edgeinfer(path, threads, name) for name in QUANT_KV}
+    quant_exact = _edgeinfer(path, threads, "q8_0", precision="exact")
     engines = {
         "edgeinfer f16 KV": ei16.logits,
         "edgeinfer f32 KV": ei32.logits,
         "edgeinfer exact f16 KV": exact.logits,
         "edgeinfer one token at a time": lambda t: _one_token_at_a_time(ei16, t),
+        **{f"edgeinfer {name} KV": llm.logits for name, llm in quant.items()},
+        "edgeinfer exact q8_0 KV": quant_exact.logits,
         **{k: (lambda t, o=o: oracle_logits(o, t)) for k, o in cpp.items()},
     }
     kls = {k: [] for k in engines}

@@ -34,6 +34,8 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 ENGINES = ("edgeinfer", "llama.cpp")
 DEFAULT_MODELS = ("smollm2-135m-instruct", "gemma3-270m")
+# KV cache types both engines can run -> llama.cpp's type_k / type_v (GGML type ids)
+LLAMA_KV_TYPES = {"f16": 1, "f32": 0, "q8_0": 8, "q4_0": 2}
 # any prose works: the prompt is cut to an exact token count
 _PROMPT_TEXT = (
     "The history of computing is a story of machines that grew smaller, faster and cheaper. "
@@ -55,8 +57,10 @@ def prompt_ids(path: Path, n: int) -> list[int]:
     return ids[:n]
 
 
-def decode_bytes(path: Path, mean_pos: int) -> tuple[int, int]:
-    """(weight bytes, f16 KV bytes) one decode step reads at context position mean_pos."""
+def decode_bytes(path: Path, mean_pos: int, kv_dtype: str = "f16") -> tuple[int, int]:
+    """(weight bytes, KV bytes of a kv_dtype cache) one decode step reads at context position
+    mean_pos."""
+    from edgeinfer.engine.memory_plan import kv_layer_bytes_per_token
     from edgeinfer.gguf.model_config import ModelConfig
     from edgeinfer.gguf.reader import read_gguf
 
@@ -69,7 +73,7 @@ def decode_bytes(path: Path, mean_pos: int) -> tuple[int, int]:
             weights -= emb.nbytes - emb.nbytes // emb.shape[0]
     finally:
         g.close()
-    per_pos = cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim) * 2
+    per_pos = kv_layer_bytes_per_token(cfg, kv_dtype)
     kv = 0
     for layer in range(cfg.n_layers):
         span = mean_pos
@@ -79,10 +83,12 @@ def decode_bytes(path: Path, mean_pos: int) -> tuple[int, int]:
     return weights, kv
 
 
-def _worker(engine: str, path: str, threads: int, ids_file: str, gen: int, t_spawn: float) -> dict:
+def _worker(
+    engine: str, path: str, threads: int, ids_file: str, gen: int, t_spawn: float, kv: str
+) -> dict:
     ids = json.loads(Path(ids_file).read_text())
     run = _run_edgeinfer if engine == "edgeinfer" else _run_llama_cpp
-    out = run(path, threads, ids, gen, t_spawn)
+    out = run(path, threads, ids, gen, t_spawn, kv)
     out["peak_rss_mb"] = _peak_rss() / 1e6
     return out
 
@@ -100,11 +106,13 @@ def _peak_rss() -> int:
     return rss if sys.platform == "darwin" else rss * 1024
 
 
-def _run_edgeinfer(path: str, threads: int, ids: list[int], gen: int, t_spawn: float) -> dict:
+def _run_edgeinfer(
+    path: str, threads: int, ids: list[int], gen: int, t_spawn: float, kv: str = "f16"
+) -> dict:
     from edgeinfer import LLM, SamplingParams
 
     t0 = time.perf_counter()
-    llm = LLM(path, threads=threads, ctx=len(ids) + gen + 16)
+    llm = LLM(path, threads=threads, ctx=len(ids) + gen + 16, kv_dtype=kv)
     load_s = time.perf_counter() - t0
     greedy = dict(temperature=0.0, ignore_eos=True)
     llm.generate([ids[:16]], SamplingParams(max_tokens=1, **greedy))  # also the warm-up
@@ -119,7 +127,9 @@ def _run_edgeinfer(path: str, threads: int, ids: list[int], gen: int, t_spawn: f
     }
 
 
-def _run_llama_cpp(path: str, threads: int, ids: list[int], gen: int, t_spawn: float) -> dict:
+def _run_llama_cpp(
+    path: str, threads: int, ids: list[int], gen: int, t_spawn: float, kv: str = "f16"
+) -> dict:
     import llama_cpp
 
     t0 = time.perf_counter()
@@ -135,6 +145,9 @@ def _run_llama_cpp(path: str, threads: int, ids: list[int], gen: int, t_spawn: f
         n_threads_batch=threads,
         n_gpu_layers=0,
         verbose=False,
+        type_k=LLAMA_KV_TYPES[kv],
+        type_v=LLAMA_KV_TYPES[kv],
+        flash_attn=kv not in ("f16", "f32"),  # llama.cpp's quantized V cache needs it
     )
     load_s = time.perf_counter() - t0
     ctx, n_vocab = llm.ctx, llm.n_vocab()
@@ -169,9 +182,9 @@ def _run_llama_cpp(path: str, threads: int, ids: list[int], gen: int, t_spawn: f
     }
 
 
-def _spawn(engine: str, path: Path, threads: int, ids_file: str, gen: int) -> dict:
+def _spawn(engine: str, path: Path, threads: int, ids_file: str, gen: int, kv="f16") -> dict:
     cmd = [sys.executable, __file__, "--worker", engine, str(path), str(threads), ids_file]
-    cmd += [str(gen), repr(time.time())]
+    cmd += [str(gen), repr(time.time()), kv]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), NUMBA_NUM_THREADS=str(threads))
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
@@ -278,8 +291,9 @@ def markdown(rows: list[dict], n_prompt: int, gen: int) -> str:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        engine, path, threads, ids_file, gen, t_spawn = sys.argv[2:8]
-        print(json.dumps(_worker(engine, path, int(threads), ids_file, int(gen), float(t_spawn))))
+        engine, path, threads, ids_file, gen, t_spawn, kv = sys.argv[2:9]
+        out = _worker(engine, path, int(threads), ids_file, int(gen), float(t_spawn), kv)
+        print(json.dumps(out))
         return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS))

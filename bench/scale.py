@@ -1,15 +1,17 @@
 """edgeinfer against llama.cpp at the sizes users run: 1B-3B models, contexts of 512 to 16k.
 
     python bench/scale.py [--models NAME ...] [--contexts 512 4096 16384] [--threads 2]
-                          [--gen-tokens 32] [--rounds 1] [--quick] [--json]
+                          [--gen-tokens 32] [--rounds 1] [--kv-dtype f16 q8_0] [--quick] [--json]
 
 Models come from bench/synth.py (real architectures' shapes, random weights, quantized by
 llama.cpp), written on first use. Per model and context C, each engine runs in its own
 subprocess (bench/compare.py's worker: same file, same threads, the same C random token ids):
 prefill of the C-token prompt, then `--gen-tokens` greedy tokens decoded at context C; also
 peak RSS and start-up (process start to a first token, Numba's cache warm). Decode is reported
-as a share of the bandwidth roofline: weight bytes plus the f16 KV bytes at the mean decode
-position, read once per token, over this run's measured bandwidth. The engines take turns,
+as a share of the bandwidth roofline: weight bytes plus the KV bytes at the mean decode
+position, read once per token, over this run's measured bandwidth. `--kv-dtype` runs each
+context with each KV cache type (both engines the same: llama.cpp's -ctk/-ctv, with its flash
+attention for the quantized ones). The engines take turns,
 `--rounds` times each; the best round of each figure is kept. `--quick`: the 1B Q4_K_M model
 at context 512 only (a few minutes).
 """
@@ -34,7 +36,9 @@ import synth  # noqa: E402
 DEFAULT_CONTEXTS = (512, 4096, 16384)
 
 
-def measure(name: str, contexts, threads: int, gen: int, rounds: int, bandwidth: float) -> list:
+def measure(
+    name: str, contexts, threads: int, gen: int, rounds: int, bandwidth: float, kv_dtypes=("f16",)
+) -> list:
     path = synth.model_path(name)
     from edgeinfer.gguf.model_config import ModelConfig
     from edgeinfer.gguf.reader import read_gguf
@@ -42,9 +46,9 @@ def measure(name: str, contexts, threads: int, gen: int, rounds: int, bandwidth:
     with read_gguf(path) as g:
         vocab = ModelConfig.from_gguf(g).vocab_size
     rows = []
-    for ctx in contexts:
+    for ctx, kv_dtype in [(c, k) for c in contexts for k in kv_dtypes]:
         ids = np.random.default_rng(ctx).integers(3, vocab, ctx).tolist()
-        weights, kv = compare.decode_bytes(path, ctx + gen // 2)
+        weights, kv = compare.decode_bytes(path, ctx + gen // 2, kv_dtype)
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(ids, f)
         try:
@@ -52,7 +56,9 @@ def measure(name: str, contexts, threads: int, gen: int, rounds: int, bandwidth:
             for i in range(rounds):
                 order = compare.ENGINES if i % 2 == 0 else compare.ENGINES[::-1]
                 for engine in order:
-                    runs[engine].append(compare._spawn(engine, path, threads, f.name, gen))
+                    runs[engine].append(
+                        compare._spawn(engine, path, threads, f.name, gen, kv_dtype)
+                    )
         finally:
             os.unlink(f.name)
         ours, theirs = (compare.best_of(runs[e]) for e in compare.ENGINES)
@@ -61,6 +67,7 @@ def measure(name: str, contexts, threads: int, gen: int, rounds: int, bandwidth:
             {
                 "model": name,
                 "context": ctx,
+                "kv_dtype": kv_dtype,
                 "threads": threads,
                 "decode_tok_s": ours["decode_tok_s"],
                 "llama_decode_tok_s": theirs["decode_tok_s"],
@@ -87,13 +94,13 @@ def markdown(rows: list[dict], bandwidth: float, header: bool = True) -> str:
     lines = []
     if header:
         lines += [
-            "| model | ctx | decode tok/s (llama.cpp) | ratio | % roofline (llama.cpp) "
+            "| model | ctx | KV | decode tok/s (llama.cpp) | ratio | % roofline (llama.cpp) "
             "| prefill tok/s (llama.cpp) | ratio | peak RSS MB (llama.cpp) | start s (llama.cpp) |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+            "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
         ]
     for r in rows:
         lines.append(
-            f"| {r['model']} | {r['context']} "
+            f"| {r['model']} | {r['context']} | {r['kv_dtype']} "
             f"| {r['decode_tok_s']:.1f} ({r['llama_decode_tok_s']:.1f}) | {r['decode_ratio']:.2f}x "
             f"| {r['roofline_pct']:.0f} % ({r['llama_roofline_pct']:.0f} %) "
             f"| {r['prefill_tok_s']:.0f} ({r['llama_prefill_tok_s']:.0f}) "
@@ -113,6 +120,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--gen-tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=1, help="turns each engine takes")
+    ap.add_argument("--kv-dtype", nargs="+", default=["f16"], choices=list(compare.LLAMA_KV_TYPES),
+                    help="KV cache types, each context with each")  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="1B Q4_K_M at context 512 only")
     ap.add_argument("--json", action="store_true", help="print {'results': [...]} as JSON")
     args = ap.parse_args()
@@ -128,7 +137,8 @@ def main() -> None:
     bandwidth = read_bandwidth(args.threads)
     rows = []
     for name in args.models:
-        rows += measure(name, args.contexts, args.threads, args.gen_tokens, args.rounds, bandwidth)
+        rows += measure(name, args.contexts, args.threads, args.gen_tokens, args.rounds, bandwidth,
+                        args.kv_dtype)  # fmt: skip
     if args.json:
         print(json.dumps({"bandwidth_gb_s": bandwidth / 1e9, "results": rows}, indent=2))
     else:

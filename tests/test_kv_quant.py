@@ -15,6 +15,7 @@ from gguf.quants import dequantize, quantize
 from llama_oracle import kl, oracle, oracle_logits
 from reference_forward import ReferenceModel
 from test_attention import ref_attention as dense_attention
+from test_cli_info import assert_clean_error, cli
 
 from edgeinfer.config import ConfigError
 from edgeinfer.engine import memory_plan
@@ -249,3 +250,11 @@ def test_a_q8_0_cache_is_as_close_to_exact_math_as_llama_cpps(synthetic_model):
     assert ours["f16"] < ours["q8_0"] < ours["q4_0"]  # the cache really is quantized
     assert ours["q8_0"] <= theirs["q8_0"]
     assert ours["q4_0"] <= theirs["q4_0"] * 1.1
+
+
+def test_run_takes_kv_dtype(llama):
+    # the flag reaches the cache (run's KV line names it), and a bad one is one clear line
+    ok = cli("run", str(llama), "-p", "a b c", "-n", "3", "--ctx", "64", "--kv-dtype", "q8_0")
+    assert ok.returncode == 0, ok.stderr
+    assert "q8_0 (ctx 64" in ok.stderr
+    assert_clean_error(cli("run", str(llama), "-p", "a", "--kv-dtype", "q5"), "q8_0")

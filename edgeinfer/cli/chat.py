@@ -9,6 +9,7 @@ import typer
 from edgeinfer.cli.options import (
     Ctx,
     GpuLayers,
+    KVDtype,
     MinP,
     ModelArg,
     Offload,
@@ -51,6 +52,7 @@ def chat(
     spec: Spec = None,
     spec_k: SpecK = None,
     precision: Precision = "fast",
+    kv_dtype: KVDtype = "f16",
 ) -> None:
     """Chat with a model in the terminal: streaming replies, live tok/s, /help for commands."""
     from edgeinfer.config import EngineConfig
@@ -61,6 +63,7 @@ def chat(
     limit = max_tokens_limit(DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens)
     knobs = spec_knobs(spec, spec_k) | offload_knobs(offload, gpu_layers, rpc)
     knobs["precision"] = precision
+    knobs["kv_dtype"] = kv_dtype
     # bad knobs fail before the screen opens
     EngineConfig(threads=threads, ctx=ctx, parallel=1, **knobs)
     params = SamplingParams(
