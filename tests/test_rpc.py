@@ -8,6 +8,7 @@ across servers must give exactly the logits of the same split on the local backe
 from __future__ import annotations
 
 import gc
+import json
 import os
 import signal
 import socket
@@ -139,6 +140,15 @@ def test_rpc_alone_splits_every_layer_by_the_servers_memory(gemma, servers):
     local = LLM(gemma, threads=2, ctx=64, offload="0-1@cpu,2-5+head@cpu")
     toks = tokens(300, seed=2)
     assert np.array_equal(run_logits(llm, toks), run_logits(local, toks))
+    del llm  # (info probes the servers, each serving one client at a time)
+    gc.collect()
+    r = edgeinfer("info", gemma, "--json", "--ctx", "64", "--rpc", f"{a},{b}")
+    assert r.returncode == 0, r.stderr
+    plans = json.loads(r.stdout)["devices"]
+    assert [(d["span"], d["free_bytes"], d["fits"]) for d in plans] == [
+        (f"layers 0-1 on ggml RPC server {a}", 1 << 30, True),
+        (f"layers 2-5 + head on ggml RPC server {b}", 2 << 30, True),
+    ]
 
 
 def _own_connections() -> int:
