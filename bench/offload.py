@@ -117,6 +117,11 @@ def bench_llama(path, ngl, threads, prompt, tokens, repeats) -> dict:
     llm = llama_cpp.Llama(
         model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_gpu_layers=ngl, verbose=False
     )
+    return time_llama(llm, prompt, tokens, repeats)
+
+
+def time_llama(llm, prompt, tokens, repeats) -> dict:
+    """Median prefill and decode tok/s of a llama_cpp.Llama over `repeats` runs."""
     pre, dec = [], []
     for _ in range(repeats):
         llm.reset()
