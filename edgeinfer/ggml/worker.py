@@ -76,4 +76,8 @@ def serve(conn: Connection) -> None:
 
 
 if __name__ == "__main__":
+    import resource
+
+    # ggml's client aborts this process when a server is lost: an expected end, not a core file
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     serve(Connection(int(sys.argv[1])))
