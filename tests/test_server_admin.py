@@ -111,9 +111,13 @@ def test_cors(keyed):
 
 @pytest.fixture(scope="module")
 def single(model):
-    proc = ServerProcess(model, "--ctx", "256", "--max-num-seqs", "1", "--max-queue", "2")
+    proc = ServerProcess(model, "--ctx", "2048", "--max-num-seqs", "1", "--max-queue", "2")
     yield proc
     proc.close()
+
+
+# A request that outlasts the test on a fast machine too: it ends only by disconnect or shutdown.
+ENDLESS = {"prompt": "Count: 1, 2, 3,", "max_tokens": 2000, "ignore_eos": True, "stream": True}
 
 
 def _stream_until_first_token(server, body):
@@ -128,8 +132,9 @@ def _stream_until_first_token(server, body):
 
 
 def test_queue_full_is_503_and_priority_orders_the_queue(single):
-    long = {"prompt": "Count: 1, 2, 3,", "max_tokens": 150, "ignore_eos": True, "stream": True}
-    ctx, _ = _stream_until_first_token(single, long)
+    # the running request ranks first (vLLM's priority: lower runs first), so neither queued
+    # request may preempt it and the queue stays full until it disconnects
+    ctx, _ = _stream_until_first_token(single, {**ENDLESS, "priority": -100})
     finished: list[str] = []
     errors: list = []
 
@@ -138,7 +143,7 @@ def test_queue_full_is_503_and_priority_orders_the_queue(single):
         resp = single.post("/v1/completions", body, timeout=120)
         (finished if resp.status_code == 200 else errors).append(name)
 
-    low = threading.Thread(target=send, args=("low", 10))  # vLLM's priority: lower runs first
+    low = threading.Thread(target=send, args=("low", 10))
     low.start()
     _wait_for(lambda: single.metric("edgeinfer:num_requests_waiting") == 1)
     high = threading.Thread(target=send, args=("high", -10))
@@ -165,8 +170,7 @@ def _wait_for(condition, timeout=60):
 
 
 def test_sigterm_aborts_streams_and_exits_0(single):
-    body = {"prompt": "Count: 1, 2, 3,", "max_tokens": 200, "ignore_eos": True, "stream": True}
-    ctx, lines = _stream_until_first_token(single, body)
+    ctx, lines = _stream_until_first_token(single, ENDLESS)
     t0 = time.monotonic()
     single.proc.send_signal(signal.SIGTERM)
     rest = list(lines)
