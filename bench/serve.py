@@ -18,8 +18,9 @@ stream (its default). Each server gets a warm-up request first.
 Reported as `vllm bench serve` does: completed / failed requests, output tok/s, request/s,
 TTFT, TPOT = (latency - TTFT) / (tokens - 1) and ITL (time between streamed chunks), mean /
 p50 / p99, and the server's peak RSS. `--soak MINUTES` instead keeps 16 streams going on
-edgeinfer and reports RSS at the start and end and every error. Loopback only; every loop is
-bounded in requests and time.
+edgeinfer (after a warm-up at that load) and reports every error and the RSS: at the start,
+half-way and at the end, and every 15 s. Loopback only; every loop is bounded in requests and
+time.
 """
 
 from __future__ import annotations
@@ -210,21 +211,41 @@ def run_server(server: Server, reqs, sizes, per_size, bias, limit_s) -> dict:
 
 
 def soak(path: str, threads: int, reqs, ctx: int, bias, minutes: float) -> dict:
+    """16 streams for `minutes` after a warm-up at the same load. The first RSS sample follows
+    the warm-up; memory that only the load touches first (KV pages, batch-sized buffers) can
+    still arrive after it, and a leak keeps growing: hence the timeline, and the growth over
+    the second half of the run beside the growth over all of it."""
     server = start_edgeinfer(path, threads, ctx, 16)
+    timeline: list[tuple[float, int]] = []
+    done = threading.Event()
+
+    def sample(start: float) -> None:
+        while not done.wait(15):
+            timeline.append((time.monotonic() - start, server.rss()))
+
     try:
-        asyncio.run(load(server.url, reqs[:1], 1, bias, 60))
+        asyncio.run(load(server.url, reqs[:32], 16, bias, 300))
         rss_start = server.rss()
         reqs_forever = reqs * (1 + int(minutes * 60))  # never runs out before the time does
+        sampler = threading.Thread(target=sample, args=(time.monotonic(),), daemon=True)
+        sampler.start()
         results, wall, _ = asyncio.run(load(server.url, reqs_forever, 16, bias, minutes * 60))
+        done.set()
+        sampler.join()
         rss_end = server.rss()
     finally:
+        done.set()
         code = server.stop()
+    half = [rss for t, rss in timeline if t <= minutes * 30] or [rss_start]
     summary = summarize(results, wall, 0, server.peak_rss)
     summary.update(
         minutes=minutes,
         rss_start_mib=rss_start / 2**20,
+        rss_half_mib=half[-1] / 2**20,
         rss_end_mib=rss_end / 2**20,
         rss_growth_pct=100 * (rss_end - rss_start) / rss_start,
+        rss_growth_second_half_pct=100 * (rss_end - half[-1]) / half[-1],
+        rss_timeline_mib=[(round(t), round(rss / 2**20, 1)) for t, rss in timeline],
         exit_code=code,
     )
     return summary
