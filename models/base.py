@@ -45,6 +45,8 @@ class Batch:
     batched with (False: the path is chosen by the batch size; ROW_WISE_INT8: row-wise with
     int8 activations where the type gains by it, the fast path for prompt rows; ROW_WISE_EXACT:
     row-wise with float activations for every type, precision "exact").
+    window_slots, window_block_tables: the same in the sliding-window pool, whose layers
+    (KVCache.window_layers) take them instead (None: no such pool).
     """
 
     token_ids: np.ndarray
@@ -54,6 +56,8 @@ class Batch:
     block_tables: np.ndarray
     logit_rows: np.ndarray | None = None
     row_wise: bool | str = False
+    window_slots: np.ndarray | None = None
+    window_block_tables: np.ndarray | None = None
 
 
 ROW_WISE_INT8 = "int8"  # Batch.row_wise: each row on its own, its activations rounded to int8
@@ -307,6 +311,9 @@ class DecoderModel:
         row_wise = batch.row_wise
         for i in range(lo, hi):
             L = self.layers[i]
+            tables, slots = batch.block_tables, batch.slots
+            if L.window and batch.window_slots is not None:
+                tables, slots = batch.window_block_tables, batch.window_slots
             attn = self_attention(
                 L.qkv(h, row_wise),
                 L.q_norm,
@@ -318,10 +325,10 @@ class DecoderModel:
                 L.window,
                 k_cache[i],
                 v_cache[i],
-                batch.block_tables,
+                tables,
                 batch.seq_rows,
                 batch.positions,
-                batch.slots,
+                slots,
                 c.n_heads,
             )
             o = L.wo(attn, row_wise)

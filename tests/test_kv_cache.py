@@ -60,7 +60,7 @@ def test_pools(dtype, storage):
         kv.k[0].dtype == storage and kv.nbytes == 3 * 5 * 2 * 16 * 12 * np.dtype(storage).itemsize
     )
     kv.k[1][0, 0, 0, 0] = 1  # layer views alias the pool
-    assert kv.k_pool[1, 0, 0, 0, 0] == 1
+    assert kv.full.k_pool[1, 0, 0, 0, 0] == 1
 
 
 def test_bad_dtype():

@@ -200,10 +200,10 @@ def test_the_memory_plan_counts_the_bytes_the_cache_allocates(llama, dtype, rati
     assert quant.kv_bytes == f16.kv_bytes * ratio
     assert quant.kv_bytes_per_token == f16.kv_bytes_per_token * ratio
     assert quant.max_ctx >= f16.max_ctx
-    blocks = memory_plan.kv_num_blocks(cfg, 100, 3, dtype)
+    blocks, _ = memory_plan.kv_pools(cfg, 100, 3, dtype)
     kv = KVCache.for_model(cfg, blocks, dtype)
     assert kv.nbytes == quant.kv_bytes == blocks * memory_plan.kv_block_bytes(cfg, dtype)
-    budget = memory_plan.kv_num_blocks(cfg, 100, 3, dtype, kv_budget=kv.nbytes)
+    budget, _ = memory_plan.kv_pools(cfg, 100, 3, dtype, kv_budget=kv.nbytes)
     assert budget == blocks  # a --kv-budget buys blocks at the quantized size
 
 

@@ -21,6 +21,12 @@ def blocks_of(tokens: int) -> int:
     return (tokens + 15) // 16
 
 
+def window_blocks(window: int, chunk: int = 512) -> int:
+    """Most 16-token blocks a sliding-window layer's sequence holds in one step, found by trying
+    every first position p: the step reads from p's window start and writes `chunk` tokens."""
+    return max((p + chunk - 1) // 16 - max(0, p - window + 1) // 16 + 1 for p in range(4 * window))
+
+
 @pytest.mark.parametrize("arch", synthetic.ARCHS)
 @pytest.mark.parametrize(
     ("ctx", "parallel", "kv_dtype"), [(1, 1, "f16"), (100, 3, "f32"), (256, 2, "f16")]
@@ -33,16 +39,16 @@ def test_kv_bytes(synthetic_model, arch, ctx, parallel, kv_dtype):
     per_layer_token = s.n_kv_heads * 2 * s.head_dim * item  # K and V
     assert p.kv_bytes_per_token == s.n_layers * per_layer_token
     tokens = blocks_of(ctx) * 16
-    assert p.kv_bytes == s.n_layers * per_layer_token * tokens * parallel
+    assert p.kv_bytes_every_token == s.n_layers * per_layer_token * tokens * parallel
     if s.sliding_window:
         # llama.cpp's gemma3 rule: layer i is global when i % 6 == 5
         sliding = sum(i % 6 != 5 for i in range(s.n_layers))
-        window_tokens = min(tokens, (blocks_of(s.sliding_window) + 1) * 16)
+        window_tokens = min(tokens, window_blocks(s.sliding_window) * 16)
         capped = (s.n_layers - sliding) * tokens + sliding * window_tokens
         assert p.sliding_layers == sliding
-        assert p.kv_bytes_window_capped == capped * per_layer_token * parallel
+        assert p.kv_bytes == capped * per_layer_token * parallel
     else:
-        assert p.sliding_layers == 0 and p.kv_bytes_window_capped == p.kv_bytes
+        assert p.sliding_layers == 0 and p.kv_bytes == p.kv_bytes_every_token
 
 
 def test_weights_and_activations(synthetic_model):
@@ -93,7 +99,10 @@ def test_real_gemma_kv(real_model):
     cfg, g = load(real_model("gemma3-270m"))
     p = memory_plan.plan(cfg, g, ctx=4096, parallel=2)
     assert p.kv_bytes_per_token == layers * kv_heads * dims * 2
-    assert p.kv_bytes == 4096 * 2 * p.kv_bytes_per_token
+    assert p.kv_bytes_every_token == 4096 * 2 * p.kv_bytes_per_token
     assert (p.sliding_layers, p.sliding_window) == (15, window)
-    capped = (3 * 4096 + 15 * (blocks_of(window) + 1) * 16) * kv_heads * dims * 2 * 2
-    assert p.kv_bytes_window_capped == capped
+    capped = (3 * 4096 + 15 * window_blocks(window) * 16) * kv_heads * dims * 2 * 2
+    assert p.kv_bytes == capped
+    # issue 33's target: at 32k the window-capped cache is at most 30 % of every token's
+    p = memory_plan.plan(cfg, g, ctx=32768, parallel=1)
+    assert p.kv_bytes <= 0.30 * p.kv_bytes_every_token

@@ -73,7 +73,7 @@ def device_plan(g, cfg, span, mem: dict) -> dict:
             host, device = backend.is_host, backend.describe()
         finally:
             backend.close()
-    blocks = memory_plan.kv_num_blocks(cfg, mem["ctx"], mem["parallel"], mem["kv_dtype"])
+    blocks, _ = memory_plan.kv_pools(cfg, mem["ctx"], mem["parallel"], mem["kv_dtype"])
     tokens = min(PREFILL_CHUNK, mem["ctx"])
     need = SpanExecutor.planned_bytes(
         g, cfg, span, blocks, mem["kv_dtype"], tokens, mem["parallel"], host
@@ -215,8 +215,8 @@ def render_plan(mem: dict) -> list[str]:
     if mem["sliding_layers"]:
         rows.append(
             (
-                "KV if window-capped",
-                human_bytes(mem["kv_bytes_window_capped"]),
+                "KV without window cap",
+                human_bytes(mem["kv_bytes_every_token"]),
                 f"{mem['sliding_layers']} sliding layers, window {mem['sliding_window']}",
             )
         )

@@ -77,8 +77,13 @@ class Engine:
     def __init__(self, runner, config: EngineConfig):
         self.runner = runner
         self.config = config
+        window = runner.config.sliding_window
         self.scheduler = Scheduler(
-            BlockManager(runner.num_blocks, BLOCK_SIZE, config.prefix_caching), config
+            BlockManager(runner.num_blocks, BLOCK_SIZE, config.prefix_caching),
+            config,
+            BlockManager(runner.num_window_blocks, BLOCK_SIZE, config.prefix_caching, window)
+            if runner.num_window_blocks
+            else None,
         )
         self.blocks = self.scheduler.blocks  # read-only here: the scheduler owns it
         self.requests = Requests(runner, runner.num_blocks * BLOCK_SIZE)

@@ -66,7 +66,8 @@ def check_kv_dims(name: str, head_dim: int, v_head_dim: int) -> None:
 class KVCache:
     """Pools for the layers in `layers` (default: all n_layers); k[i] and v[i] are None for a
     layer whose cache lives elsewhere (a ggml span's, on its backend), and (codes, scales) pairs
-    for a quantized dtype."""
+    for a quantized dtype. The layers in `window_layers` (sliding-window layers, a subset of
+    `layers`) keep theirs in a second pool of num_window_blocks blocks (see block_manager)."""
 
     def __init__(
         self,
@@ -78,34 +79,36 @@ class KVCache:
         block_size: int = BLOCK_SIZE,
         dtype: str = "f16",
         layers: list[int] | None = None,
+        window_layers: list[int] = (),
+        num_window_blocks: int = 0,
     ):
         check_kv_dims(dtype, head_dim, v_head_dim)
         self.dtype = dtype
         self.block_size = block_size
         self.num_blocks = num_blocks
-        t = KV_DTYPES[dtype]
+        self.num_window_blocks = num_window_blocks
+        self.window_layers = list(window_layers)
         layers = list(range(n_layers)) if layers is None else layers
-        n = len(layers)
-        pool = (n, num_blocks, n_kv_heads)
-        self.k_pool = np.zeros((*pool, head_dim // t.per_element, block_size), t.storage)
-        self.v_pool = np.zeros((*pool, block_size, v_head_dim // t.per_element), t.storage)
-        # the scales of a quantized cache (float16 bits), empty otherwise
-        groups = (head_dim // QUANT_GROUP, v_head_dim // QUANT_GROUP) if t.scaled else (0, 0)
-        self.k_scales = np.zeros((*pool, groups[0], block_size), np.uint16)
-        self.v_scales = np.zeros((*pool, block_size, groups[1]), np.uint16)
+        full = [i for i in layers if i not in self.window_layers]
+        shape = (n_kv_heads, head_dim, v_head_dim, block_size, dtype)
+        self.full = _Pool(len(full), num_blocks, *shape)
+        self.window = _Pool(len(self.window_layers), num_window_blocks, *shape)
         # Per-layer views built once: the forward pass indexes lists, not 5-D arrays.
         self.k: list = [None] * n_layers
         self.v: list = [None] * n_layers
-        for j, i in enumerate(layers):
-            if t.scaled:
-                self.k[i] = (self.k_pool[j], self.k_scales[j])
-                self.v[i] = (self.v_pool[j], self.v_scales[j])
-            else:
-                self.k[i], self.v[i] = self.k_pool[j], self.v_pool[j]
+        for pool, group in ((self.full, full), (self.window, self.window_layers)):
+            for j, i in enumerate(group):
+                self.k[i], self.v[i] = pool.layer(j)
 
     @classmethod
     def for_model(
-        cls, config: ModelConfig, num_blocks: int, dtype: str = "f16", layers: list | None = None
+        cls,
+        config: ModelConfig,
+        num_blocks: int,
+        dtype: str = "f16",
+        layers: list | None = None,
+        window_layers: list[int] = (),
+        num_window_blocks: int = 0,
     ) -> KVCache:
         return cls(
             config.n_layers,
@@ -116,7 +119,34 @@ class KVCache:
             BLOCK_SIZE,
             dtype,
             layers,
+            window_layers,
+            num_window_blocks,
         )
+
+    @property
+    def nbytes(self) -> int:
+        return self.full.nbytes + self.window.nbytes
+
+
+class _Pool:
+    """Blocks of n_layers layers: K, V (and a quantized cache's scales) as 5-D arrays."""
+
+    def __init__(self, n_layers, num_blocks, n_kv_heads, head_dim, v_head_dim, block_size, dtype):
+        t = KV_DTYPES[dtype]
+        pool = (n_layers, num_blocks, n_kv_heads)
+        self.scaled = t.scaled
+        self.k_pool = np.zeros((*pool, head_dim // t.per_element, block_size), t.storage)
+        self.v_pool = np.zeros((*pool, block_size, v_head_dim // t.per_element), t.storage)
+        # the scales of a quantized cache (float16 bits), empty otherwise
+        groups = (head_dim // QUANT_GROUP, v_head_dim // QUANT_GROUP) if t.scaled else (0, 0)
+        self.k_scales = np.zeros((*pool, groups[0], block_size), np.uint16)
+        self.v_scales = np.zeros((*pool, block_size, groups[1]), np.uint16)
+
+    def layer(self, j: int) -> tuple:
+        """Layer j's (K, V) as the attention kernel takes them."""
+        if self.scaled:
+            return (self.k_pool[j], self.k_scales[j]), (self.v_pool[j], self.v_scales[j])
+        return self.k_pool[j], self.v_pool[j]
 
     @property
     def nbytes(self) -> int:

@@ -6,11 +6,10 @@ weights + KV cache + activations before anything runs, and finds the largest con
 KV cache: every layer stores K (head_dim) and V (v_head_dim) per KV head per token, in 16-token
 blocks (so a sequence's tokens round up to whole blocks), at 2 bytes a value (f16), 4 (f32),
 34/32 (q8_0: a float16 scale per 32 int8 codes) or 18/32 (q4_0: per 32 4-bit codes).
-edgeinfer's cache gives all layers one block table, so today every layer keeps every token and
-that is what `kv_bytes`, `fits` and `max_ctx` count. A sliding-window layer (gemma3) only ever
-attends to its last `window` tokens; a cache that dropped older blocks there would need only the
-blocks of one window plus the partly filled block at its edge: `kv_bytes_window_capped` reports
-that lower bound.
+A sliding-window layer (gemma3) only ever attends to its last `window` tokens, so those layers
+keep their cache in a second pool that holds, per sequence, one window and one step's tokens
+(`window_blocks_per_seq`; engine.block_manager frees what slid out). `kv_bytes`, `fits` and
+`max_ctx` count that; `kv_bytes_every_token` is the cache if every layer kept every token.
 
 Activations (one layer at a time, buffers reused across layers), for a prefill chunk of
 T = min(PREFILL_CHUNK, ctx) tokens in float32:
@@ -48,8 +47,8 @@ class MemoryPlan:
     kv_bytes_per_token: int  # all layers kept in RAM, one token of one sequence
     sliding_layers: int  # layers that attend only to a window of recent tokens
     sliding_window: int | None
-    kv_bytes: int  # ctx × parallel in whole 16-token blocks, every layer every token
-    kv_bytes_window_capped: int  # the same if sliding layers kept only their window
+    kv_bytes: int  # ctx × parallel in whole 16-token blocks; sliding layers keep their window
+    kv_bytes_every_token: int  # the same if every layer kept every token
     activation_bytes: int
     total_bytes: int
     available_bytes: int  # psutil.virtual_memory().available when planned
@@ -79,17 +78,47 @@ def kv_block_bytes(cfg: ModelConfig, kv_dtype: str, n_layers: int | None = None)
     return layers * kv_layer_bytes_per_token(cfg, kv_dtype) * BLOCK_SIZE
 
 
-def kv_num_blocks(
-    cfg: ModelConfig, ctx: int, parallel: int, kv_dtype: str, kv_budget: int | None = None
-) -> int:
-    """Blocks in the paged cache: kv_budget bytes' worth if given, else ctx x parallel."""
-    if kv_budget is not None:
-        return kv_budget // kv_block_bytes(cfg, kv_dtype)
-    return _blocks(ctx) * parallel
+def window_layers(cfg: ModelConfig, layers: range | list | None = None) -> list[int]:
+    """The sliding-window layers among `layers` (default: all)."""
+    return [i for i in (range(cfg.n_layers) if layers is None else layers) if cfg.is_sliding(i)]
+
+
+def window_blocks_per_seq(cfg: ModelConfig, batched_tokens: int) -> int:
+    """Most blocks one sequence holds at once in the sliding-window pool: a step whose first
+    query is at position p reads from block (p - window + 1) // BLOCK_SIZE on, and writes up to
+    batched_tokens tokens from p."""
+    return (cfg.sliding_window + batched_tokens - 2) // BLOCK_SIZE + 2
+
+
+def kv_pools(
+    cfg: ModelConfig,
+    ctx: int,
+    parallel: int,
+    kv_dtype: str,
+    kv_budget: int | None = None,
+    layers: range | list | None = None,
+    window: list[int] = (),
+    batched_tokens: int = PREFILL_CHUNK,
+) -> tuple[int, int]:
+    """(blocks of the pool of `layers` but `window`, blocks of the sliding-window pool of the
+    `window` layers): ctx x parallel, or kv_budget bytes' worth if given."""
+    layers = range(cfg.n_layers) if layers is None else layers
+    if kv_budget is None:
+        full = _blocks(ctx) * parallel
+    else:
+        full = kv_budget // kv_block_bytes(cfg, kv_dtype)
+    if not window:
+        return full, 0
+    win = min(full, parallel * window_blocks_per_seq(cfg, batched_tokens))
+    n_full = len(layers) - len(window)
+    if kv_budget is not None and n_full:  # what the window pool saves buys longer contexts
+        layer_block = kv_layer_bytes_per_token(cfg, kv_dtype) * BLOCK_SIZE
+        full = max(full, (kv_budget - len(window) * win * layer_block) // (n_full * layer_block))
+    return full, win
 
 
 def n_sliding_layers(cfg: ModelConfig, layers: range | list | None = None) -> int:
-    return sum(cfg.is_sliding(i) for i in (range(cfg.n_layers) if layers is None else layers))
+    return len(window_layers(cfg, layers))
 
 
 def kv_bytes(
@@ -97,18 +126,17 @@ def kv_bytes(
     ctx: int,
     parallel: int,
     kv_dtype: str,
-    window_capped: bool = False,
+    window_capped: bool = True,
     layers: range | list | None = None,
 ) -> int:
     """KV cache bytes for `parallel` sequences of `ctx` tokens each, in whole blocks, of the
-    given layers (default: all; a ggml span's layers keep theirs on its backend)."""
+    given layers (default: all; a ggml span's layers keep theirs on its backend); sliding
+    layers keep a window each unless window_capped is False."""
     layers = range(cfg.n_layers) if layers is None else layers
+    window = window_layers(cfg, layers) if window_capped else []
+    full, win = kv_pools(cfg, ctx, parallel, kv_dtype, None, layers, window)
     per_layer_block = kv_layer_bytes_per_token(cfg, kv_dtype) * BLOCK_SIZE
-    full_blocks = _blocks(ctx)
-    n_sliding = n_sliding_layers(cfg, layers) if window_capped else 0
-    window_blocks = min(full_blocks, _blocks(cfg.sliding_window or ctx) + 1)
-    blocks = (len(layers) - n_sliding) * full_blocks + n_sliding * window_blocks
-    return blocks * per_layer_block * parallel
+    return ((len(layers) - len(window)) * full + len(window) * win) * per_layer_block
 
 
 def step_bytes(cfg: ModelConfig, tokens: int, logit_rows: int) -> int:
@@ -187,7 +215,7 @@ def plan(
         sliding_layers=n_sliding_layers(cfg, layers),
         sliding_window=cfg.sliding_window,
         kv_bytes=kv,
-        kv_bytes_window_capped=kv_bytes(cfg, ctx, parallel, kv_dtype, True, layers),
+        kv_bytes_every_token=kv_bytes(cfg, ctx, parallel, kv_dtype, False, layers),
         activation_bytes=act,
         total_bytes=total,
         available_bytes=available_bytes,

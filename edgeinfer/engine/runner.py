@@ -17,7 +17,14 @@ import psutil
 from edgeinfer import kernels
 from edgeinfer.config import DEFAULT_CTX, EngineConfig
 from edgeinfer.engine.kv_cache import BLOCK_SIZE, KVCache
-from edgeinfer.engine.memory_plan import kv_block_bytes, kv_num_blocks, step_bytes, weights_bytes
+from edgeinfer.engine.memory_plan import (
+    kv_block_bytes,
+    kv_layer_bytes_per_token,
+    kv_pools,
+    step_bytes,
+    weights_bytes,
+    window_layers,
+)
 from edgeinfer.engine.scheduler import Chunk
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.ggml.placement import resolve, rpc_endpoints
@@ -34,9 +41,12 @@ class ModelRunner:
 
     The cache must fit the RAM available besides the weights, together with the working memory
     of the largest step: max_num_batched_tokens tokens, of which step_logit_rows return logits.
+    Its sliding-window layers keep a window per sequence in a pool of their own (see
+    engine.block_manager) unless window_capped is False (a draft model's runner, whose blocks
+    are handed out outside the scheduler).
     """
 
-    def __init__(self, path_or_name: str, config: EngineConfig):
+    def __init__(self, path_or_name: str, config: EngineConfig, window_capped: bool = True):
         from edgeinfer.gguf.hub import resolve_model
 
         self.path = resolve_model(str(path_or_name))
@@ -54,9 +64,11 @@ class ModelRunner:
         self.max_context = (
             config.ctx if config.ctx is not None else min(self.config.ctx_len, DEFAULT_CTX)
         )
-        self.num_blocks = kv_num_blocks(
-            self.config, self.max_context, config.parallel, config.kv_dtype, config.kv_budget
-        )
+        self.window_layers = window_layers(self.config, self.host_layers) if window_capped else []
+        self.num_blocks, self.num_window_blocks = kv_pools(
+            self.config, self.max_context, config.parallel, config.kv_dtype, config.kv_budget,
+            self.host_layers, self.window_layers, config.max_num_batched_tokens,
+        )  # fmt: skip
         self.step_bytes = step_bytes(
             self.config, config.max_num_batched_tokens, config.step_logit_rows
         )
@@ -64,7 +76,10 @@ class ModelRunner:
             f"{config.max_num_batched_tokens} tokens, logits of {config.step_logit_rows}"
         )
         self._check_kv_budget(config.kv_dtype, config.kv_budget)
-        self.kv = KVCache.for_model(self.config, self.num_blocks, config.kv_dtype, self.host_layers)
+        self.kv = KVCache.for_model(
+            self.config, self.num_blocks, config.kv_dtype, self.host_layers, self.window_layers,
+            self.num_window_blocks,
+        )  # fmt: skip
         self.executor = None
         if self.span is not None:
             self.executor = self._span_executor(config)
@@ -98,7 +113,10 @@ class ModelRunner:
                 f"a KV budget of {human_bytes(kv_budget)} is less than one "
                 f"{BLOCK_SIZE}-token block ({human_bytes(kv_block_bytes(self.config, kv_dtype))})"
             )
-        kv = num_blocks * kv_block_bytes(self.config, kv_dtype, len(self.host_layers))
+        n_window = len(self.window_layers)
+        kv = (
+            (len(self.host_layers) - n_window) * num_blocks + n_window * self.num_window_blocks
+        ) * (kv_layer_bytes_per_token(self.config, kv_dtype) * BLOCK_SIZE)
         # mapped weights are not resident yet; they will be once the first pass reads them
         available = psutil.virtual_memory().available - weights_bytes(self.gguf)
         if kv + self.step_bytes > available:
@@ -113,10 +131,15 @@ class ModelRunner:
     def kv_report(self) -> str:
         """One line for the start of a run: the cache's size and where it came from."""
         kv = self.kv
+        window = (
+            f" (its {len(kv.window_layers)} sliding-window layers: {kv.num_window_blocks} blocks)"
+            if kv.window_layers
+            else ""
+        )
         return (
             f"KV cache: {kv.num_blocks} blocks x {kv.block_size} tokens = "
-            f"{kv.num_blocks * kv.block_size} tokens, {human_bytes(kv.nbytes)} {kv.dtype} "
-            f"({self.kv_source}); step buffers {human_bytes(self.step_bytes)} "
+            f"{kv.num_blocks * kv.block_size} tokens{window}, {human_bytes(kv.nbytes)} "
+            f"{kv.dtype} ({self.kv_source}); step buffers {human_bytes(self.step_bytes)} "
             f"({self._step_source})"
         ) + (f"\n{self.placement()}" if self.executor else "")
 
@@ -162,10 +185,8 @@ class ModelRunner:
             slots += c.slots
             if c.wants_logits:
                 last_rows += range(len(positions) - 1 - c.num_draft, len(positions))
-        width = max(len(c.block_table) for c in chunks)
-        tables = np.zeros((len(chunks), width), np.int32)  # padding is never read
-        for table, c in zip(tables, chunks, strict=True):
-            table[: len(c.block_table)] = c.block_table
+        tables = _tables([c.block_table for c in chunks])
+        window = self.kv.window_layers
         batch = Batch(
             token_ids=np.fromiter(
                 (t for c in chunks for t in c.token_ids), np.int32, len(positions)
@@ -176,6 +197,10 @@ class ModelRunner:
             block_tables=tables,
             logit_rows=None if all_logits else np.array(last_rows, np.int64),
             row_wise=row_wise,
+            window_slots=np.array([s for c in chunks for s in c.window_slots], np.int64)
+            if window
+            else None,
+            window_block_tables=_tables([c.window_block_table for c in chunks]) if window else None,
         )
         logits = self.model.forward(batch, self.kv.k, self.kv.v)
         if all_logits:
@@ -187,6 +212,15 @@ class ModelRunner:
             out.append(None if not n else logits[row] if n == 1 else logits[row : row + n])
             row += n
         return out
+
+
+def _tables(rows: list[list[int]]) -> np.ndarray:
+    """Block tables as int32[n_rows, longest]; padding (and a window table's RELEASED
+    entries) is never read."""
+    tables = np.zeros((len(rows), max(len(r) for r in rows)), np.int32)
+    for table, row in zip(tables, rows, strict=True):
+        table[: len(row)] = row
+    return tables
 
 
 def _runs(layers: list[int]) -> list[tuple[int, int]]:

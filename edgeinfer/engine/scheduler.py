@@ -21,6 +21,9 @@ Order: higher priority first, then earlier arrival. Each step
    free blocks: drafts never delay a prompt chunk nor preempt anyone. A verified step keeps the
    drafts the model agreed with; `commit` gives back the slots (and blocks) of the rest.
 With nothing running, a partial batch waits up to `max_wait_s` for more requests first.
+A model with sliding-window layers (gemma3) keeps their cache in a second pool, `window_blocks`
+(see block_manager): every check above counts both pools, a prefix is reused as far as both
+have it, and each step first releases the window blocks its sequences have slid past.
 Admission (`Engine.add`) refuses a sequence that could never fit the cache alone, so the first
 sequence in order can always run and preemption always makes progress.
 """
@@ -30,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from edgeinfer.engine.block_manager import BlockManager
+from edgeinfer.engine.block_manager import RELEASED, BlockManager
 
 if TYPE_CHECKING:
     from edgeinfer.config import EngineConfig
@@ -49,6 +52,8 @@ class Chunk:
     start: int  # position of token_ids[0]
     slots: list[int] = field(default_factory=list)  # cache slot of each token
     block_table: list[int] = field(default_factory=list)  # the sequence's blocks after the step
+    window_slots: list[int] = field(default_factory=list)  # the same in the sliding-window pool
+    window_block_table: list[int] = field(default_factory=list)
     wants_logits: bool = False  # the chunk ends the known tokens: sample after it
     num_draft: int = 0  # its last num_draft tokens are guesses to verify: logits after each
 
@@ -64,8 +69,12 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, config: EngineConfig):
+    def __init__(
+        self, blocks: BlockManager, config: EngineConfig, window_blocks: BlockManager | None = None
+    ):
         self.blocks = blocks
+        self.window_blocks = window_blocks
+        self.pools = [blocks] if window_blocks is None else [blocks, window_blocks]
         self.max_num_seqs = config.max_num_seqs
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_wait_s = config.max_wait_ms / 1000
@@ -73,8 +82,8 @@ class Scheduler:
         self.running: list = []
         self.arrived_at: dict[int, float] = {}  # seq_id -> when it started waiting
         self.num_preemptions = 0
-        # blocks the runner will take for sequences scheduled in the step being planned
-        self._promised: dict[int, int] = {}
+        # blocks (per pool) the runner will take for sequences scheduled in the step being planned
+        self._promised: dict[int, list[int]] = {}
 
     @property
     def num_unfinished(self) -> int:
@@ -91,16 +100,21 @@ class Scheduler:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         self.arrived_at.pop(seq.seq_id, None)
-        self.blocks.free(seq.seq_id)
+        for pool in self.pools:
+            pool.free(seq.seq_id)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached prefix (their K/V were lost with a device)."""
-        self.blocks.reset_prefix_cache()
+        for pool in self.pools:
+            pool.reset_prefix_cache()
 
     def schedule(self, now: float, drafts: dict[int, list[int]] | None = None) -> ScheduledBatch:
         """Choose the step's chunks and hand out their cache slots; drafts: see the module."""
         batch = ScheduledBatch()
         self._promised.clear()
+        if self.window_blocks:
+            for seq in self.running:
+                self.window_blocks.slide(seq.seq_id, seq.num_computed)
         if not self.running and self.waiting:
             oldest = min(self.arrived_at[s.seq_id] for s in self.waiting)
             left = self.max_wait_s - (now - oldest)
@@ -118,21 +132,28 @@ class Scheduler:
                 batch.chunks.append(_chunk(seq, n))
         while self.waiting and batch.num_tokens < self.max_num_batched_tokens:
             seq = self.waiting[0]
-            if not self._admit(seq, batch, now):
+            cached = self._admit(seq, batch, now)
+            if cached is None:
                 break
             del self.waiting[0]
             self.arrived_at.pop(seq.seq_id, None)
             self.running.append(seq)
-            seq.num_computed = self.blocks.allocate(seq.seq_id, seq.token_ids)
+            for pool in self.pools:
+                seq.num_computed = pool.allocate(seq.seq_id, seq.token_ids, cached)
             budget = self.max_num_batched_tokens - batch.num_tokens
             batch.chunks.append(_chunk(seq, min(len(seq.token_ids) - seq.num_computed, budget)))
         if drafts:
             self._add_drafts(batch, drafts)
         for chunk in batch.chunks:  # room was made for each: appending cannot fail
-            seq_id = chunk.seq.seq_id
-            chunk.slots = self.blocks.append(seq_id, len(chunk.token_ids))
-            chunk.block_table = self.blocks.block_table(seq_id)
+            self._hand_out_slots(chunk, chunk.seq.seq_id)
         return batch
+
+    def _hand_out_slots(self, chunk: Chunk, seq_id: int) -> None:
+        chunk.slots = self.blocks.append(seq_id, len(chunk.token_ids))
+        chunk.block_table = self.blocks.block_table(seq_id)
+        if self.window_blocks:
+            chunk.window_slots = self.window_blocks.append(seq_id, len(chunk.token_ids))
+            chunk.window_block_table = self.window_blocks.block_table(seq_id)
 
     def commit(self, batch: ScheduledBatch, rejected: dict[int, int] | None = None) -> None:
         """After the step ran: its tokens' K/V are in the cache (full blocks become reusable),
@@ -144,30 +165,39 @@ class Scheduler:
             kept = len(chunk.token_ids)
             if chunk.num_draft:
                 gone = rejected[seq.seq_id] if rejected else 0
-                self.blocks.rollback(seq.seq_id, gone)
+                for pool in self.pools:
+                    pool.rollback(seq.seq_id, gone)
                 kept -= gone
                 computed = computed[: chunk.start] + chunk.token_ids[:kept]
             seq.num_computed += kept
-            self.blocks.commit(seq.seq_id, computed)
+            for pool in self.pools:
+                pool.commit(seq.seq_id, computed)
 
     def extend(self, seq_id: int, token_ids: list[int], start: int) -> Chunk:
         """Slots for an evaluation pass outside the queue (Engine.forward); KVCacheFullError
         and nothing changed if the free blocks do not suffice."""
-        slots = self.blocks.append(seq_id, len(token_ids))
-        return Chunk(None, token_ids, start, slots, self.blocks.block_table(seq_id), True)
+        if self.window_blocks:
+            self.window_blocks.slide(seq_id, start)  # (blocks it will never read again)
+            for pool in self.pools:  # both have room, or neither changes
+                if pool.blocks_needed(seq_id, len(token_ids)) > pool.num_free_blocks:
+                    pool.append(seq_id, len(token_ids))  # raises KVCacheFullError
+        chunk = Chunk(None, token_ids, start, wants_logits=True)
+        self._hand_out_slots(chunk, seq_id)
+        return chunk
 
     def seq_len(self, seq_id: int) -> int:
         return self.blocks.seq_len(seq_id)
 
     def release(self, seq_id: int) -> None:
         """Free an evaluation pass's blocks."""
-        self.blocks.free(seq_id)
+        for pool in self.pools:
+            pool.free(seq_id)
 
     def _make_room(self, seq, n: int, batch: ScheduledBatch, now: float) -> bool:
         """Preempt from the back of the order until seq can grow by n; False if seq itself
         had to go."""
-        need = self.blocks.blocks_needed(seq.seq_id, n)
-        while need > self._free_blocks():
+        need = self._needed(seq.seq_id, n)
+        while not _within(need, self._free_blocks()):
             victim = max(self.running, key=rank)
             self._preempt(victim, batch, now)
             if victim is seq:
@@ -187,50 +217,71 @@ class Scheduler:
             if not draft:
                 continue
             n = min(len(draft), self.max_num_batched_tokens - batch.num_tokens)
-            promised = self._promised.get(seq.seq_id, 0)
-            while n and self.blocks.blocks_needed(seq.seq_id, 1 + n) - promised > (
-                self._free_blocks()
+            promised = self._promised.get(seq.seq_id, [0] * len(self.pools))
+            while n and not _within(
+                [a - b for a, b in zip(self._needed(seq.seq_id, 1 + n), promised, strict=True)],
+                self._free_blocks(),
             ):
                 n -= 1
             if n:
                 chunk.token_ids = chunk.token_ids + draft[:n]
                 chunk.num_draft = n
-                self._promised[seq.seq_id] = self.blocks.blocks_needed(seq.seq_id, 1 + n)
+                self._promised[seq.seq_id] = self._needed(seq.seq_id, 1 + n)
 
-    def _free_blocks(self) -> int:
-        return self.blocks.num_free_blocks - sum(self._promised.values())
+    def _needed(self, seq_id: int, n: int) -> list[int]:
+        """New blocks of each pool seq_id needs to grow by n tokens."""
+        return [pool.blocks_needed(seq_id, n) for pool in self.pools]
 
-    def _admit(self, seq, batch: ScheduledBatch, now: float) -> bool:
+    def _free_blocks(self) -> list[int]:
+        """Free blocks of each pool, less those promised to this step's sequences."""
+        return [
+            pool.num_free_blocks - sum(promised[i] for promised in self._promised.values())
+            for i, pool in enumerate(self.pools)
+        ]
+
+    def _admit(self, seq, batch: ScheduledBatch, now: float) -> int | None:
         """Make room for a waiting sequence, preempting only sequences of lower priority and
-        only when that can be enough; False if there is no room."""
+        only when that can be enough -> the leading blocks of its prompt found cached in every
+        pool (allocate them), or None if there is no room."""
+        cached = None
+        for pool in self.pools:
+            cached = pool.cached_prefix_blocks(seq.token_ids, cached)
+        chunk = min(len(seq.token_ids) - cached * self.blocks.block_size,
+                    self.max_num_batched_tokens - batch.num_tokens)  # fmt: skip
+
+        def need() -> list[int]:
+            # a sliding-window pool takes the first chunk's blocks as it is handed its slots
+            first = -(-chunk // self.blocks.block_size)
+            return [p.blocks_to_allocate(seq.token_ids, cached) + (first if p.window else 0)
+                    for p in self.pools]  # fmt: skip
 
         def fits() -> bool:
-            need = self.blocks.blocks_to_allocate(seq.token_ids)
-            return len(self.running) < self.max_num_seqs and need <= self._free_blocks()
+            return len(self.running) < self.max_num_seqs and _within(need(), self._free_blocks())
 
         if fits():
-            return True
+            return cached
         lower = sorted(
             (s for s in self.running if s.priority < seq.priority), key=rank, reverse=True
         )
-        reclaimable = sum(self._blocks_freed_by(s) for s in lower)
-        need = self.blocks.blocks_to_allocate(seq.token_ids)
-        if not lower or need > self._free_blocks() + reclaimable:
-            return False
+        reclaimable = [sum(self._blocks_freed_by(s, p) for s in lower) for p in self.pools]
+        room = [free + more for free, more in zip(self._free_blocks(), reclaimable, strict=True)]
+        if not lower or not _within(need(), room):
+            return None
         for victim in lower:
             self._preempt(victim, batch, now)
             if fits():
-                return True
-        return False
+                return cached
+        return None
 
-    def _blocks_freed_by(self, seq) -> int:
-        refs = self.blocks.ref_counts
-        return sum(1 for b in self.blocks.block_table(seq.seq_id) if refs[b] == 1)
+    def _blocks_freed_by(self, seq, pool: BlockManager) -> int:
+        refs = pool.ref_counts
+        return sum(1 for b in pool.block_table(seq.seq_id) if b != RELEASED and refs[b] == 1)
 
     def _preempt(self, seq, batch: ScheduledBatch, now: float) -> None:
         self.running.remove(seq)
         self._promised.pop(seq.seq_id, None)
-        self.blocks.free(seq.seq_id)
+        for pool in self.pools:
+            pool.free(seq.seq_id)
         seq.num_computed = 0
         batch.chunks = [c for c in batch.chunks if c.seq is not seq]
         self.num_preemptions += 1
@@ -241,6 +292,10 @@ class Scheduler:
         i = next((i for i, s in enumerate(self.waiting) if rank(s) > key), len(self.waiting))
         self.waiting.insert(i, seq)
         self.arrived_at[seq.seq_id] = now
+
+
+def _within(need: list[int], free: list[int]) -> bool:
+    return all(n <= f for n, f in zip(need, free, strict=True))
 
 
 def _chunk(seq, n: int) -> Chunk:

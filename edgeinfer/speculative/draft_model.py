@@ -37,7 +37,7 @@ class DraftModelProposer(Proposer):
             gpu_layers=None,
             rpc=None,
         )
-        self.runner = ModelRunner(model, draft_config)
+        self.runner = ModelRunner(model, draft_config, window_capped=False)
         check_same_vocab(self.runner.gguf, target.gguf, model)
         self.blocks = BlockManager(self.runner.num_blocks, BLOCK_SIZE, prefix_caching=False)
         self.budget = config.max_num_batched_tokens
