@@ -148,6 +148,7 @@ def _run_llama_cpp(
         type_k=LLAMA_KV_TYPES[kv],
         type_v=LLAMA_KV_TYPES[kv],
         flash_attn=kv not in ("f16", "f32"),  # llama.cpp's quantized V cache needs it
+        swa_full=False,  # llama-cli's and llama-server's default: sliding layers keep a window
     )
     load_s = time.perf_counter() - t0
     ctx, n_vocab = llm.ctx, llm.n_vocab()

@@ -4,16 +4,17 @@
                           [--gen-tokens 32] [--rounds 1] [--kv-dtype f16 q8_0] [--quick] [--json]
 
 Models come from bench/synth.py (real architectures' shapes, random weights, quantized by
-llama.cpp), written on first use. Per model and context C, each engine runs in its own
-subprocess (bench/compare.py's worker: same file, same threads, the same C random token ids):
-prefill of the C-token prompt, then `--gen-tokens` greedy tokens decoded at context C; also
-peak RSS and start-up (process start to a first token, Numba's cache warm). Decode is reported
-as a share of the bandwidth roofline: weight bytes plus the KV bytes at the mean decode
-position, read once per token, over this run's measured bandwidth. `--kv-dtype` runs each
-context with each KV cache type (both engines the same: llama.cpp's -ctk/-ctv, with its flash
-attention for the quantized ones). The engines take turns,
-`--rounds` times each; the best round of each figure is kept. `--quick`: the 1B Q4_K_M model
-at context 512 only (a few minutes).
+llama.cpp), written on first use, or are real ones `edgeinfer pull` knows (REAL: gemma3-270m,
+whose sliding-window layers keep only their window in both engines, up to 32k).
+Per model and context C, each engine runs in its own subprocess (bench/compare.py's worker:
+same file, same threads, the same C random token ids): prefill of the C-token prompt, then
+`--gen-tokens` greedy tokens decoded at context C; also peak RSS and start-up (process start
+to a first token, Numba's cache warm). Decode is reported as a share of the bandwidth
+roofline: weight bytes plus the KV bytes at the mean decode position, read once per token,
+over this run's measured bandwidth. `--kv-dtype` runs each context with each KV cache type
+(both engines the same: llama.cpp's -ctk/-ctv, with its flash attention for the quantized
+ones). The engines take turns, `--rounds` times each; the best round of each figure is kept.
+`--quick`: the 1B Q4_K_M model at context 512 only (a few minutes).
 """
 
 from __future__ import annotations
@@ -34,12 +35,21 @@ import compare  # noqa: E402
 import synth  # noqa: E402
 
 DEFAULT_CONTEXTS = (512, 4096, 16384)
+REAL = ("gemma3-270m",)  # real models for --models (not in the default set)
+
+
+def model_path(name: str) -> Path:
+    if name in REAL:
+        from edgeinfer.gguf.hub import resolve_model
+
+        return resolve_model(name)
+    return synth.model_path(name)
 
 
 def measure(
     name: str, contexts, threads: int, gen: int, rounds: int, bandwidth: float, kv_dtypes=("f16",)
 ) -> list:
-    path = synth.model_path(name)
+    path = model_path(name)
     from edgeinfer.gguf.model_config import ModelConfig
     from edgeinfer.gguf.reader import read_gguf
 
@@ -115,7 +125,8 @@ def markdown(rows: list[dict], bandwidth: float, header: bool = True) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=list(synth.MODELS), help=", ".join(synth.MODELS))
+    known = [*synth.MODELS, *REAL]
+    ap.add_argument("--models", nargs="+", default=list(synth.MODELS), help=", ".join(known))
     ap.add_argument("--contexts", nargs="+", type=int, default=list(DEFAULT_CONTEXTS))
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--gen-tokens", type=int, default=32)
@@ -127,9 +138,9 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.models, args.contexts = ["llama-1b-q4_k_m"], [512]
-    unknown = [m for m in args.models if m not in synth.MODELS]
+    unknown = [m for m in args.models if m not in known]
     if unknown:
-        ap.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(synth.MODELS)}")
+        ap.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(known)}")
     if args.rounds < 1 or args.gen_tokens < 2 or min(args.contexts) < 16:
         ap.error("need --rounds >= 1, --gen-tokens >= 2 and every context >= 16")
     from bandwidth import read_bandwidth
