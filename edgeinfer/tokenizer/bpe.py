@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 
+from edgeinfer.tokenizer.cache import cached
 from edgeinfer.tokenizer.vocab import Vocab
 
 
@@ -34,36 +35,54 @@ _TO_BYTE_CHARS = {b: c for b, c in enumerate(BYTE_CHARS)}
 _CACHE_LIMIT = 1 << 17
 
 
+def _tables(vocab: Vocab) -> tuple[dict[str, int], dict, list[str]]:
+    """-> (byte character -> symbol, merges, extra symbols). Symbols are numbered: a token's id,
+    or an id past the vocabulary for a string that only a merge rule or the byte alphabet
+    names (extra[id - vocabulary size]). llama.cpp merges strings; ids give the same result (a
+    symbol changed iff its id did) without hashing strings in the loop. merges: (left id, right
+    id) -> (rank, merged id); the first rule for a pair wins, and a rule without its separating
+    space never applies, as in llama.cpp."""
+    extra: list[str] = []
+    n_vocab = len(vocab.tokens)
+    ids = dict(vocab.token_to_id)
+
+    def symbol(text: str) -> int:
+        sid = ids.get(text)
+        if sid is None:
+            sid = ids[text] = n_vocab + len(extra)
+            extra.append(text)
+        return sid
+
+    byte_char_ids = {c: symbol(c) for c in BYTE_CHARS}
+    merges: dict[tuple[int, int], tuple[int, int]] = {}
+    for rank, rule in enumerate(vocab.merges):
+        cut = rule.find(" ", 1)
+        if cut >= 0:
+            left, right = rule[:cut], rule[cut + 1 :]
+            pair = (symbol(left), symbol(right))
+            if pair not in merges:
+                merges[pair] = (rank, symbol(left + right))
+    return byte_char_ids, merges, extra
+
+
+def _are_tables(value) -> bool:
+    return (
+        isinstance(value, tuple)
+        and len(value) == 3
+        and isinstance(value[0], dict)
+        and isinstance(value[1], dict)
+        and isinstance(value[2], list)
+    )
+
+
 class BPEModel:
     def __init__(self, vocab: Vocab):
-        self._token_to_id = t2i = vocab.token_to_id
+        self._token_to_id = vocab.token_to_id
         self._pre = vocab.pre
-        # Symbols are numbered: a token's id, or an id past the vocabulary for a string that
-        # only a merge rule or the byte alphabet names. llama.cpp merges strings; ids give the
-        # same result (a symbol changed iff its id did) without hashing strings in the loop.
-        self._extra: list[str] = []
-        n_vocab = len(vocab.tokens)
-        ids = dict(t2i)
-
-        def symbol(text: str) -> int:
-            sid = ids.get(text)
-            if sid is None:
-                sid = ids[text] = n_vocab + len(self._extra)
-                self._extra.append(text)
-            return sid
-
-        self._byte_char_ids = {c: symbol(c) for c in BYTE_CHARS}
-        # (left id, right id) -> (rank, merged id); the first rule for a pair wins, and a rule
-        # without its separating space never applies, as in llama.cpp.
-        self._merges: dict[tuple[int, int], tuple[int, int]] = {}
-        for rank, rule in enumerate(vocab.merges):
-            cut = rule.find(" ", 1)
-            if cut >= 0:
-                left, right = rule[:cut], rule[cut + 1 :]
-                pair = (symbol(left), symbol(right))
-                if pair not in self._merges:
-                    self._merges[pair] = (rank, symbol(left + right))
-        self._n_vocab = n_vocab
+        self._byte_char_ids, self._merges, self._extra = cached(
+            vocab.path, "bpe", lambda: _tables(vocab), _are_tables
+        )
+        self._n_vocab = len(vocab.tokens)
         self._cache: dict[str, list[int]] = {}
 
     def clear_cache(self) -> None:

@@ -18,6 +18,7 @@ import numpy as np
 import sentencepiece
 
 from edgeinfer.errors import GGUFError
+from edgeinfer.tokenizer.cache import cached
 from edgeinfer.tokenizer.vocab import BYTE, UNKNOWN, Vocab
 
 _NORMAL, _UNKNOWN, _BYTE = 1, 2, 6  # ModelProto.SentencePiece.Type
@@ -29,7 +30,8 @@ class SPMModel:
         self._add_space_prefix = vocab.add_space_prefix
         self._sp = sentencepiece.SentencePieceProcessor()
         try:
-            self._sp.LoadFromSerializedProto(_model_proto(vocab))
+            proto = cached(vocab.path, "spm", lambda: _model_proto(vocab), _is_bytes)
+            self._sp.LoadFromSerializedProto(proto)
         except (RuntimeError, OSError) as e:
             raise GGUFError(vocab.path, f"SentencePiece vocabulary rejected: {e}") from None
 
@@ -42,6 +44,10 @@ class SPMModel:
         if self._add_space_prefix and after_special:
             text = " " + text
         out += self._sp.EncodeAsIds(text.replace(" ", "\u2581"))
+
+
+def _is_bytes(value) -> bool:
+    return isinstance(value, bytes)
 
 
 def _model_proto(vocab: Vocab) -> bytes:

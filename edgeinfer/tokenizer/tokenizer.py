@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from edgeinfer.gguf.reader import GGUFFile, read_gguf
 from edgeinfer.tokenizer.bpe import CHAR_TO_BYTE, BPEModel
+from edgeinfer.tokenizer.cache import cached
 from edgeinfer.tokenizer.special import SpecialSplitter
 from edgeinfer.tokenizer.spm import SPMModel
 from edgeinfer.tokenizer.stream import StreamDecoder
@@ -19,7 +20,10 @@ class Tokenizer:
         self._special = SpecialSplitter(vocab)
         self._model = SPMModel(vocab) if vocab.kind == SPM else BPEModel(vocab)
         # What each token renders as, without and with control/unknown tokens shown.
-        self._pieces = _pieces(vocab)
+        self._pieces = cached(
+            vocab.path, "pieces", lambda: _pieces(vocab),
+            lambda p: isinstance(p, list) and len(p) == len(vocab.tokens),
+        )  # fmt: skip
         self._pieces_special = list(self._pieces)
         for i, attr in enumerate(vocab.attrs):
             if attr & (UNKNOWN | CONTROL):
