@@ -66,6 +66,10 @@ PARALLEL_PREPARE_MIN = 4
 # 16 decoding sequences make 16 items of 3 heads for 2 threads; 4 keep 12 of one head.
 HEADS_TOGETHER_MIN = 8
 PARALLEL_MERGE_MIN = 8
+# The partial softmax states one pass keeps for the merge: a prompt chunk deep in a long
+# context has many key chunks per tile (32 at 16k), so its tiles go in waves that fit this
+# (the same bits: a token's partials do not depend on what else is in the pass).
+KEPT_BYTES = 8 << 20
 PREFETCH_BLOCKS = 2
 # Reassociation and no-NaN let the max over a row of scores vectorize (the products are
 # simd.fma_tile's, in a fixed order); no no-infinities flag (softmax states start at -inf).
@@ -391,6 +395,26 @@ def _item(
 
 
 @njit(cache=True)
+def _tile_starts(seq_rows, positions):
+    # -> the first token of each tile: up to TILE consecutive positions of one sequence
+    starts = [0]
+    for t in range(1, positions.shape[0]):
+        if (
+            seq_rows[t] != seq_rows[t - 1]
+            or positions[t] != positions[t - 1] + 1
+            or t - starts[-1] == TILE
+        ):
+            starts.append(t)
+    return starts
+
+
+@njit(cache=True)
+def _first_block(position, window, bs):
+    # the first block a query at `position` reads
+    return max(position - window + 1, 0) // bs if window > 0 else 0
+
+
+@njit(cache=True)
 def _plan(seq_rows, positions, window, bs, nkv):
     # -> tiles: int64[n_tiles, 3] (t0, t1, first block), chunks per tile, each tile's first
     # slot (slot of (tile i, head h, chunk c): first_slot[i] + h * chunks + c), and item ->
@@ -400,23 +424,15 @@ def _plan(seq_rows, positions, window, bs, nkv):
     # tokens times KV heads are at most TILE, else one: its scores then never outgrow those of
     # one head over a whole tile, which stay in L2 (see _attend).
     n = positions.shape[0]
-    starts = [0]
-    for t in range(1, n):
-        if (
-            seq_rows[t] != seq_rows[t - 1]
-            or positions[t] != positions[t - 1] + 1
-            or t - starts[-1] == TILE
-        ):
-            starts.append(t)
+    starts = _tile_starts(seq_rows, positions)
     n_tiles = len(starts)
     tiles = np.empty((n_tiles, 3), np.int64)
     for i in range(n_tiles):
         t0 = starts[i]
         t1 = starts[i + 1] if i + 1 < n_tiles else n
-        lo = positions[t0] - window + 1 if window > 0 else 0
         tiles[i, 0] = t0
         tiles[i, 1] = t1
-        tiles[i, 2] = max(lo, 0) // bs
+        tiles[i, 2] = _first_block(positions[t0], window, bs)
     n_chunks = np.empty(n_tiles, np.int64)
     for i in range(n_tiles):
         last_block = positions[tiles[i, 1] - 1] // bs
@@ -463,6 +479,7 @@ def _self_attention(
     positions,
     slots,
     nh,
+    kept_bytes,
 ):
     n = qkv.shape[0]
     nkv, dk, bs = k_shape(kc)
@@ -482,6 +499,32 @@ def _self_attention(
                 qkv, t, q_norm, k_norm, eps, positions[t], inv_freq, neox, q_scale, kc, vc,
                 slots[t], q,
             )  # fmt: skip
+    # tiles go in waves whose partial softmax states fit kept_bytes (at least one tile a wave)
+    starts = _tile_starts(seq_rows, positions)
+    n_tiles = len(starts)
+    i = 0
+    while i < n_tiles:
+        j, kept = i, 0
+        while j < n_tiles:
+            t1 = starts[j + 1] if j + 1 < n_tiles else n
+            first = _first_block(positions[starts[j]], window, bs) // SPLIT_BLOCKS
+            chunks = positions[t1 - 1] // bs // SPLIT_BLOCKS - first + 1
+            size = chunks * nkv * (t1 - starts[j]) * G * (dv + 2) * 4
+            if j > i and kept + size > kept_bytes:
+                break
+            kept += size
+            j += 1
+        a, b = starts[i], starts[j] if j < n_tiles else n
+        _attend_tiles(q[a:b], out[a:b], seq_rows[a:b], positions[a:b], window, kc, vc,
+                      block_tables, bs, nkv, G, dv)  # fmt: skip
+        i = j
+    return out
+
+
+@njit(parallel=True, cache=True)
+def _attend_tiles(q, out, seq_rows, positions, window, kc, vc, block_tables, bs, nkv, G, dv):
+    # Attention of the prepared queries q: [n, nh, dk] of whole tiles -> out: [n, nh * dv].
+    n = positions.shape[0]
     tiles, n_chunks, first_slot, items = _plan(seq_rows, positions, window, bs, nkv)
     n_items = items.shape[0]
     longest = 1  # tokens in the longest tile: 1 in a step of decoding tokens only
@@ -503,7 +546,6 @@ def _self_attention(
     else:
         for th in prange(n * nkv):
             _merge(th // nkv, th % nkv, tiles, first_slot, n_chunks, m_kept, l_kept, acc_kept, out)
-    return out
 
 
 def self_attention(
@@ -522,6 +564,7 @@ def self_attention(
     positions: np.ndarray,
     slots: np.ndarray,
     n_heads: int,
+    kept_bytes: int = KEPT_BYTES,
 ) -> np.ndarray:
     """One layer's attention for a flat batch of n tokens; writes their K/V into the cache.
 
@@ -532,7 +575,8 @@ def self_attention(
     k_cache: [num_blocks, nkv, dk, block_size], v_cache: [num_blocks, nkv, block_size, dv]
     (uint16 float16 bits, or float32), or either one a quantized (codes, scales) pair (see
     kv_store); block_tables: int32[seqs, max_blocks];
-    seq_rows: int32[n] (row of block_tables per token); positions: int32[n]; slots: int64[n]
+    seq_rows: int32[n] (row of block_tables per token); positions: int32[n]; slots: int64[n];
+    kept_bytes: most bytes of partial softmax states one wave of tiles keeps (see KEPT_BYTES)
     -> float32[n, n_heads * dv]
     """
     k_held, v_held = held_shape(k_cache, 2), held_shape(v_cache, 3)
@@ -563,4 +607,5 @@ def self_attention(
         positions,
         slots,
         n_heads,
+        kept_bytes,
     )

@@ -8,7 +8,13 @@ float16 and float32 caches, and the split-key (flash-decoding) path for a lone l
 import numpy as np
 import pytest
 
-from edgeinfer.kernels.attention import HEADS_TOGETHER_MIN, SPLIT_BLOCKS, _plan, self_attention
+from edgeinfer.kernels.attention import (
+    HEADS_TOGETHER_MIN,
+    KEPT_BYTES,
+    SPLIT_BLOCKS,
+    _plan,
+    self_attention,
+)
 from edgeinfer.kernels.rope import rope_inv_freq
 
 BS = 16
@@ -180,26 +186,29 @@ def test_decode_gqa_one_kv_head_long_window():
 def test_a_tokens_bits_do_not_depend_on_how_its_sequence_was_split(bs, window):
     # What a batch-invariant engine relies on: a token's output is the same bits whether its
     # sequence came in one prefill, in chunks or one token at a time (other tiles, other chunk
-    # lengths, one key chunk or three), also with two rows of 16 keys per block.
+    # lengths, one key chunk or three, its prefill's tiles in one wave or in several: see
+    # KEPT_BYTES), also with two rows of 16 keys per block.
     rng = np.random.default_rng(bs + window)
     nh, nkv, dk, n = 4, 2, 32, 2 * SPLIT_BLOCKS * bs + 40
     qkv = rng.standard_normal((n, (nh + 2 * nkv) * dk)).astype(np.float32)
     none = np.zeros(0, np.float32)
     inv_freq = rope_inv_freq(dk, 10000.0)
 
-    def run(chunks):
+    def run(chunks, kept_bytes=KEPT_BYTES):
         cache = Paged([n], nkv, dk, dk, np.uint16, np.random.default_rng(0), bs)
         out, a = np.empty((n, nh * dk), np.float32), 0
         for size in chunks:
             rows, pos, slots = cache.batch([(0, a, a + size)])
             out[a : a + size] = self_attention(
                 qkv[a : a + size].copy(), none, none, 1e-6, inv_freq, True, dk**-0.5, window,
-                cache.k, cache.v, cache.tables, rows, pos, slots, nh,
+                cache.k, cache.v, cache.tables, rows, pos, slots, nh, kept_bytes,
             )  # fmt: skip
             a += size
         return out
 
     whole = run([n])
+    np.testing.assert_array_equal(run([n], kept_bytes=1), whole)  # a wave a tile
+    np.testing.assert_array_equal(run([n], kept_bytes=60_000), whole)  # a few tiles a wave
     np.testing.assert_array_equal(run([1] * n), whole)
     np.testing.assert_array_equal(run([37, 5, 60, 1, n - 103]), whole)
 
