@@ -415,6 +415,12 @@ def _first_block(position, window, bs):
 
 
 @njit(cache=True)
+def _n_chunks(first_block, last_position, bs):
+    # key chunks of a tile reading blocks first_block .. last_position's
+    return last_position // bs // SPLIT_BLOCKS - first_block // SPLIT_BLOCKS + 1
+
+
+@njit(cache=True)
 def _plan(seq_rows, positions, window, bs, nkv):
     # -> tiles: int64[n_tiles, 3] (t0, t1, first block), chunks per tile, each tile's first
     # slot (slot of (tile i, head h, chunk c): first_slot[i] + h * chunks + c), and item ->
@@ -435,8 +441,7 @@ def _plan(seq_rows, positions, window, bs, nkv):
         tiles[i, 2] = _first_block(positions[t0], window, bs)
     n_chunks = np.empty(n_tiles, np.int64)
     for i in range(n_tiles):
-        last_block = positions[tiles[i, 1] - 1] // bs
-        n_chunks[i] = last_block // SPLIT_BLOCKS - tiles[i, 2] // SPLIT_BLOCKS + 1
+        n_chunks[i] = _n_chunks(tiles[i, 2], positions[tiles[i, 1] - 1], bs)
     together = n_chunks.sum() >= HEADS_TOGETHER_MIN
     heads = np.ones(n_tiles, np.int64)
     for i in range(n_tiles):
@@ -507,8 +512,8 @@ def _self_attention(
         j, kept = i, 0
         while j < n_tiles:
             t1 = starts[j + 1] if j + 1 < n_tiles else n
-            first = _first_block(positions[starts[j]], window, bs) // SPLIT_BLOCKS
-            chunks = positions[t1 - 1] // bs // SPLIT_BLOCKS - first + 1
+            first = _first_block(positions[starts[j]], window, bs)
+            chunks = _n_chunks(first, positions[t1 - 1], bs)
             size = chunks * nkv * (t1 - starts[j]) * G * (dv + 2) * 4
             if j > i and kept + size > kept_bytes:
                 break

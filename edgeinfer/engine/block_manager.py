@@ -123,16 +123,25 @@ class BlockManager:
         """Leading full blocks of token_ids that `allocate` would find cached."""
         return len(self._prefix_hits(token_ids, limit)[0])
 
-    def blocks_to_allocate(self, token_ids: list[int], limit: int | None = None) -> int:
+    def blocks_to_allocate(
+        self, token_ids: list[int], limit: int | None = None, then: int = 0
+    ) -> int:
         """Blocks `allocate(token_ids, limit)` would take from the free pool: new ones, plus
-        cached prefix blocks that nobody references (they count as free until reused)."""
-        return self._pool_blocks(len(token_ids), self._prefix_hits(token_ids, limit)[1])
+        cached prefix blocks that nobody references (they count as free until reused); and
+        what appending the `then` tokens after its cached prefix would take next."""
+        hits = self._prefix_hits(token_ids, limit)[1]
+        table = self._table_blocks(len(token_ids), hits)
+        grown = -(-(len(hits) * self.block_size + then) // self.block_size)
+        return self._pool_blocks(len(token_ids), hits) + max(0, grown - table)
+
+    def _table_blocks(self, n_tokens: int, hits: list[int]) -> int:
+        """Blocks in a new sequence's table: all of its tokens' (a sliding-window pool: its
+        cached prefix's; it takes the rest as the sequence grows)."""
+        return len(hits) if self.window else -(-n_tokens // self.block_size)
 
     def _pool_blocks(self, n_tokens: int, hits: list[int]) -> int:
         revived = sum(1 for b in hits if b != RELEASED and self.ref_counts[b] == 0)
-        # a sliding-window pool takes the rest as the sequence grows
-        new = 0 if self.window else -(-n_tokens // self.block_size) - len(hits)
-        return new + revived
+        return self._table_blocks(n_tokens, hits) - len(hits) + revived
 
     def can_allocate(self, token_ids: list[int]) -> bool:
         return self.blocks_to_allocate(token_ids) <= self.num_free_blocks
@@ -156,7 +165,7 @@ class BlockManager:
             if self.ref_counts[block] == 0:
                 del self.evictable[block]
             self.ref_counts[block] += 1
-        total = len(hits) if self.window else -(-len(token_ids) // self.block_size)
+        total = self._table_blocks(len(token_ids), hits)
         self.tables[seq_id] = hits + [self._take_block() for _ in range(total - len(hits))]
         self.keys[seq_id] = keys
         self.released[seq_id] = hits.count(RELEASED)
@@ -177,14 +186,20 @@ class BlockManager:
     def can_append(self, seq_id: int, n_tokens: int) -> bool:
         return self.blocks_needed(seq_id, n_tokens) <= self.num_free_blocks
 
-    def append(self, seq_id: int, n_tokens: int) -> list[int]:
-        """Grow seq_id by n_tokens (allocating blocks) -> the slot of each new token."""
+    def check_append(self, seq_id: int, n_tokens: int) -> int:
+        """-> the new blocks seq_id needs to grow by n_tokens; KVCacheFullError if they are not
+        free."""
         need = self.blocks_needed(seq_id, n_tokens)
         if need > self.num_free_blocks:
             raise KVCacheFullError(
                 f"KV cache full: sequence {seq_id} needs {need} more blocks of "
                 f"{self.block_size} tokens, {self.num_free_blocks} free"
             )
+        return need
+
+    def append(self, seq_id: int, n_tokens: int) -> list[int]:
+        """Grow seq_id by n_tokens (allocating blocks) -> the slot of each new token."""
+        need = self.check_append(seq_id, n_tokens)
         table = self.tables.setdefault(seq_id, [])
         self.keys.setdefault(seq_id, [])
         self.released.setdefault(seq_id, 0)

@@ -135,8 +135,16 @@ def kv_bytes(
     layers = range(cfg.n_layers) if layers is None else layers
     window = window_layers(cfg, layers) if window_capped else []
     full, win = kv_pools(cfg, ctx, parallel, kv_dtype, None, layers, window)
+    return kv_pools_bytes(cfg, kv_dtype, len(layers), len(window), full, win)
+
+
+def kv_pools_bytes(
+    cfg: ModelConfig, kv_dtype: str, n_layers: int, n_window: int, full: int, win: int
+) -> int:
+    """Bytes of the pools kv_pools sized: n_layers layers, n_window of them in the
+    sliding-window pool of `win` blocks, the others in the pool of `full` blocks."""
     per_layer_block = kv_layer_bytes_per_token(cfg, kv_dtype) * BLOCK_SIZE
-    return ((len(layers) - len(window)) * full + len(window) * win) * per_layer_block
+    return ((n_layers - n_window) * full + n_window * win) * per_layer_block
 
 
 def step_bytes(cfg: ModelConfig, tokens: int, logit_rows: int) -> int:

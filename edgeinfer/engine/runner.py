@@ -19,8 +19,8 @@ from edgeinfer.config import DEFAULT_CTX, EngineConfig
 from edgeinfer.engine.kv_cache import BLOCK_SIZE, KVCache
 from edgeinfer.engine.memory_plan import (
     kv_block_bytes,
-    kv_layer_bytes_per_token,
     kv_pools,
+    kv_pools_bytes,
     step_bytes,
     weights_bytes,
     window_layers,
@@ -113,10 +113,10 @@ class ModelRunner:
                 f"a KV budget of {human_bytes(kv_budget)} is less than one "
                 f"{BLOCK_SIZE}-token block ({human_bytes(kv_block_bytes(self.config, kv_dtype))})"
             )
-        n_window = len(self.window_layers)
-        kv = (
-            (len(self.host_layers) - n_window) * num_blocks + n_window * self.num_window_blocks
-        ) * (kv_layer_bytes_per_token(self.config, kv_dtype) * BLOCK_SIZE)
+        kv = kv_pools_bytes(
+            self.config, kv_dtype, len(self.host_layers), len(self.window_layers), num_blocks,
+            self.num_window_blocks,
+        )  # fmt: skip
         # mapped weights are not resident yet; they will be once the first pass reads them
         available = psutil.virtual_memory().available - weights_bytes(self.gguf)
         if kv + self.step_bytes > available:

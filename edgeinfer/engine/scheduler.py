@@ -178,9 +178,8 @@ class Scheduler:
         and nothing changed if the free blocks do not suffice."""
         if self.window_blocks:
             self.window_blocks.slide(seq_id, start)  # (blocks it will never read again)
-            for pool in self.pools:  # both have room, or neither changes
-                if pool.blocks_needed(seq_id, len(token_ids)) > pool.num_free_blocks:
-                    pool.append(seq_id, len(token_ids))  # raises KVCacheFullError
+        for pool in self.pools:  # every pool has room, or none changes
+            pool.check_append(seq_id, len(token_ids))
         chunk = Chunk(None, token_ids, start, wants_logits=True)
         self._hand_out_slots(chunk, seq_id)
         return chunk
@@ -250,10 +249,7 @@ class Scheduler:
                     self.max_num_batched_tokens - batch.num_tokens)  # fmt: skip
 
         def need() -> list[int]:
-            # a sliding-window pool takes the first chunk's blocks as it is handed its slots
-            first = -(-chunk // self.blocks.block_size)
-            return [p.blocks_to_allocate(seq.token_ids, cached) + (first if p.window else 0)
-                    for p in self.pools]  # fmt: skip
+            return [p.blocks_to_allocate(seq.token_ids, cached, chunk) for p in self.pools]
 
         def fits() -> bool:
             return len(self.running) < self.max_num_seqs and _within(need(), self._free_blocks())
