@@ -462,6 +462,7 @@ def test_disconnect_aborts_and_frees_blocks(server):
         time.sleep(0.2)
     assert done - aborted == 2
     assert server.metric("edgeinfer:kv_cache_usage_perc") == 0.0
+    assert server.metric("edgeinfer:kv_window_cache_usage_perc") == 0.0  # no window layers
     assert '"finish_reason": "disconnect"' in server.output()
 
 

@@ -3,6 +3,8 @@ releases the blocks a sequence slid past, holds at most a window and a step per 
 every token still comes out as with a cache that keeps everything (llama.cpp's logits too);
 a prefix is reused after its window slid, as long as the blocks its next token reads are cached."""
 
+import re
+
 import numpy as np
 import pytest
 from llama_oracle import oracle, oracle_logits
@@ -85,11 +87,10 @@ def drain(engine: Engine, prompts, params) -> tuple[list[list[int]], int]:
     seqs = [engine.requests.make(p, params) for p in prompts]
     for seq in seqs:
         engine.add(seq)
-    pool, most = engine.scheduler.window_blocks, 0
+    most = 0
     while engine.has_unfinished:
         engine.step()
-        if pool:
-            most = max(most, pool.num_used_blocks)
+        most = max(most, engine.stats().kv_window_blocks_used)
     return [s.output_token_ids for s in seqs], most
 
 
@@ -112,6 +113,10 @@ def test_generation_with_window_capped_layers_matches_a_cache_that_keeps_everyth
     assert capped.scheduler.blocks.num_hit_tokens > 0  # the shared prefix was reused
     for pool in capped.scheduler.pools:
         assert pool.num_used_blocks == 0 and not pool.tables
+    s = capped.stats()  # what `/metrics` and the chat's panel show
+    assert (s.kv_window_blocks_used, s.kv_window_blocks_total) == (0, 12)
+    assert s.kv_window_blocks_cached > 0 and s.kv_blocks_total == every.stats().kv_blocks_total
+    assert every.stats().kv_window_blocks_total == 0
 
 
 def test_a_second_turn_after_the_window_slid_reuses_the_first_and_gives_the_same_tokens(gemma):
@@ -144,3 +149,26 @@ def test_logits_past_the_window_match_llama_cpp(gemma):
     assert nmse <= 1e-4, f"NMSE {nmse:.2e}"
     engine.release(0)
     assert engine.scheduler.window_blocks.num_used_blocks == 0
+
+
+def test_the_chat_panel_shows_the_window_pool(gemma):
+    from test_tui import SHORT, reply_done, run, send
+
+    from edgeinfer.llm import LLM
+    from edgeinfer.tui import session as sessions
+    from edgeinfer.tui.app import ChatApp, ChatOptions
+
+    llm = LLM(str(gemma), threads=1, ctx=256, parallel=2, max_num_batched_tokens=16)
+    pool = llm.engine.window_blocks
+    info = sessions.describe(llm, gemma)
+    app = ChatApp(ChatOptions(model=str(gemma), params=SHORT), loaded=(llm, info))
+
+    async def script(pilot):
+        await send(pilot, "a long enough prompt to slide the window " * 6)
+        await reply_done(pilot)
+        numbers = str(app.chat.query_one("#numbers").render())
+        assert re.search(rf"window\s+0/{pool.num_blocks} blk", numbers), numbers
+        assert re.search(rf"KV\s+0/{llm.engine.blocks.num_blocks} blk", numbers)
+        assert pool.num_blocks < llm.engine.blocks.num_blocks
+
+    run(app, (100, 30), script)

@@ -207,8 +207,13 @@ class ChatSession:
     def kv_blocks(self) -> tuple[int, int, int]:
         """(used, total, cached) KV-cache blocks; cached: free blocks that keep earlier turns
         for reuse."""
-        blocks = self.llm.engine.blocks
-        return blocks.num_used_blocks, blocks.num_blocks, blocks.num_cached_blocks
+        return _counts(self.llm.engine.blocks)
+
+    def window_blocks(self) -> tuple[int, int, int] | None:
+        """The same for a sliding-window model's second pool (its local layers keep only their
+        window there); None for a model without one."""
+        blocks = self.llm.engine.window_blocks
+        return _counts(blocks) if blocks else None
 
     def drafts(self) -> tuple[int, int, int] | None:
         """Speculative decoding's (drafts, proposed, accepted) tokens so far; None when off."""
@@ -268,3 +273,7 @@ def quant_label(g) -> str:
         for t in g.tensors.values():
             sizes[t.qtype.name] = sizes.get(t.qtype.name, 0) + t.nbytes
         return max(sizes, key=sizes.get) if sizes else "?"
+
+
+def _counts(blocks) -> tuple[int, int, int]:
+    return blocks.num_used_blocks, blocks.num_blocks, blocks.num_cached_blocks

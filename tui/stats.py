@@ -58,6 +58,7 @@ class StatsView:
     context_used: int
     context_max: int
     kv_blocks: tuple[int, int, int] | None  # used, total, cached
+    window_blocks: tuple[int, int, int] | None  # the same in a sliding-window model's own pool
     drafts: tuple[int, int, int] | None  # speculative decoding: drafts, proposed, accepted
     rss_bytes: int
     cpu_percent: float
@@ -98,6 +99,7 @@ class LiveStats:
             context_used=used,
             context_max=session.info.max_context,
             kv_blocks=session.kv_blocks(),
+            window_blocks=session.window_blocks(),
             drafts=session.drafts(),
             rss_bytes=self._rss,
             cpu_percent=self._cpu,

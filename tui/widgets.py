@@ -128,6 +128,11 @@ class StatsPanel(Vertical):
             ("context", f"{v.context_used}/{v.context_max}"),
             ("KV", f"{v.kv_blocks[0]}/{v.kv_blocks[1]} blk" if v.kv_blocks else "n/a"),
             ("cache", f"{v.kv_blocks[2]} blk" if v.kv_blocks else "n/a"),
+            *(
+                [("window", f"{v.window_blocks[0]}/{v.window_blocks[1]} blk")]
+                if v.window_blocks
+                else []
+            ),
             *([("draft", _drafts(*v.drafts))] if v.drafts else []),
             ("RSS", human_bytes(v.rss_bytes)),
             ("CPU", f"{v.cpu_percent:.0f}% · {self._info.threads} thr"),

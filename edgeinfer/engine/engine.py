@@ -43,6 +43,10 @@ class EngineStats:
     preemptions: int
     generated_tokens: int  # since the engine started
     tokens_per_s: float  # output tokens per second over the last RATE_WINDOW_S seconds
+    # a model with sliding-window layers (gemma3): their own pool's blocks (0 without one)
+    kv_window_blocks_used: int = 0
+    kv_window_blocks_total: int = 0
+    kv_window_blocks_cached: int = 0
     spec_drafts: int = 0  # speculative decoding: steps of a sequence that verified a draft
     spec_proposed_tokens: int = 0  # draft tokens verified
     spec_accepted_tokens: int = 0  # of those, accepted
@@ -86,6 +90,7 @@ class Engine:
             else None,
         )
         self.blocks = self.scheduler.blocks  # read-only here: the scheduler owns it
+        self.window_blocks = self.scheduler.window_blocks  # read-only too; None: no window pool
         self.requests = Requests(runner, runner.num_blocks * BLOCK_SIZE)
         self.generated_tokens = 0
         self._recent: deque[tuple[float, int]] = deque()  # (time, tokens) of recent steps
@@ -224,7 +229,16 @@ class Engine:
         # the oldest step's tokens were made before the span being measured began
         span = now - self._recent[0][0] if self._recent else 0.0
         recent = sum(n for _, n in self._recent) - (self._recent[0][1] if self._recent else 0)
-        b = self.blocks
+        b, w = self.blocks, self.window_blocks
+        window = (
+            dict(
+                kv_window_blocks_used=w.num_used_blocks,
+                kv_window_blocks_total=w.num_blocks,
+                kv_window_blocks_cached=w.num_cached_blocks,
+            )
+            if w
+            else {}
+        )
         return EngineStats(
             running=len(self.scheduler.running),
             waiting=len(self.scheduler.waiting),
@@ -236,5 +250,6 @@ class Engine:
             preemptions=self.scheduler.num_preemptions,
             generated_tokens=self.generated_tokens,
             tokens_per_s=recent / span if span > 0 else 0.0,
+            **window,
             **(self.speculator.counts() if self.speculator else {}),
         )

@@ -44,7 +44,18 @@ class _EngineCollector:
         yield gauge("num_requests_running", "Requests in the running batch.", s.running)
         yield gauge("num_requests_waiting", "Requests waiting to be scheduled.", s.waiting)
         usage = s.kv_blocks_used / s.kv_blocks_total if s.kv_blocks_total else 0.0
-        yield gauge("kv_cache_usage_perc", "KV-cache usage, 1 = full.", usage)
+        window = (
+            s.kv_window_blocks_used / s.kv_window_blocks_total if s.kv_window_blocks_total else 0.0
+        )
+        # a request needs room in both pools: the fuller one is the cache's usage
+        yield gauge(
+            "kv_cache_usage_perc", "KV-cache usage (the fuller pool), 1 = full.", max(usage, window)
+        )
+        yield gauge(
+            "kv_window_cache_usage_perc",
+            "Sliding-window layers' own KV pool usage, 1 = full (0 without such layers).",
+            window,
+        )
         yield counter(
             "prefix_cache_queries",
             "Prompt tokens looked up in the prefix cache.",
