@@ -144,3 +144,33 @@ def test_info_gemma_from_nothing(tmp_path):
     assert json.loads(proc.stdout)["architecture"] == "gemma3"
     assert (tmp_path / "models" / "gemma-3-270m-q4_k_m.gguf").is_file()
     assert "stored" in proc.stderr
+
+
+def test_info_plans_a_draft_models_memory_as_a_run_allocates_it(synthetic_model):
+    from edgeinfer.gguf.reader import read_gguf
+    from edgeinfer.llm import LLM
+
+    target, draft = synthetic_model("llama", "F32"), synthetic_model("llama", "Q8_0")
+    args = ("info", str(target), "--ctx", "200", "--parallel", "3", "--spec", f"draft:{draft}")
+    proc = cli(*args, "--json")
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    plan = info["draft"]
+    llm = LLM(str(target), ctx=200, parallel=3, speculative=f"draft:{draft}")
+    runner = llm.engine.speculator.proposer.runner
+    # 200 tokens round up to 13 blocks, so the target's 39 blocks hold 3 whole contexts
+    assert plan["sequences"] == 3 and plan["kv_bytes"] == runner.kv.nbytes
+    with read_gguf(draft) as g:
+        assert plan["weights_bytes"] == sum(t.nbytes for t in g.tensors.values())
+    assert plan["total_bytes"] == sum(
+        plan[k] for k in ("weights_bytes", "repacked_bytes", "kv_bytes", "activation_bytes")
+    )
+    assert plan["fits"] and info["speculative"] == f"draft:{draft}"
+    human = cli(*args)
+    assert human.returncode == 0 and "draft model plan:" in human.stdout
+    assert "(ctx 200 x 3 sequences, every layer every token)" in human.stdout
+    # a draft that could not run is refused as a run refuses it
+    other = synthetic_model("gemma3", "F32")
+    assert_clean_error(cli("info", str(target), "--spec", f"draft:{other}"), "vocabulary")
+    assert_clean_error(cli("info", str(target), "--spec", "drafty"), "'ngram' or 'draft:MODEL'")
+    assert "prompt lookup" in cli("info", str(target), "--spec", "ngram").stdout

@@ -10,7 +10,8 @@ from typing import Annotated
 
 import typer
 
-from edgeinfer.cli.options import GpuLayers, Offload, Rpc
+from edgeinfer.cli.options import GpuLayers, Offload, Rpc, Spec
+from edgeinfer.config import EngineConfig
 from edgeinfer.engine import memory_plan
 from edgeinfer.engine.kv_cache import KV_DTYPES
 from edgeinfer.errors import EdgeInferError
@@ -93,6 +94,38 @@ def device_plan(g, cfg, span, mem: dict) -> dict:
     }
 
 
+def draft_plan(spec: str, target: GGUFFile, cfg: ModelConfig, mem: dict) -> dict:
+    """The memory a draft model adds (--spec draft:MODEL): its weights, and a KV cache of its
+    own that holds as many tokens as the target's (every layer every token) beside the target's
+    plan; its vocabulary checked against the target's as a run would."""
+    from edgeinfer.speculative.draft_model import check_same_vocab
+
+    name = spec.removeprefix("draft:")
+    path = resolve_model(name)
+    with read_gguf(path) as g:
+        check_same_vocab(g, target, name)
+        dcfg = ModelConfig.from_gguf(g)
+        ctx, kv_dtype = mem["ctx"], mem["kv_dtype"]
+        memory_plan.check_kv_dims(kv_dtype, dcfg.head_dim, dcfg.v_head_dim)
+        full, _ = memory_plan.kv_pools(cfg, ctx, mem["parallel"], kv_dtype)
+        seqs = memory_plan.draft_sequences(full, ctx)
+        weights, repacked = memory_plan.weights_bytes(g), repacked_bytes(g)
+        kv = memory_plan.kv_bytes(dcfg, ctx, seqs, kv_dtype, window_capped=False)
+        act = memory_plan.activation_bytes(dcfg, ctx, seqs)
+        total = weights + repacked + kv + act
+        return {
+            "path": str(path),
+            "name": dcfg.name,
+            "sequences": seqs,
+            "weights_bytes": weights,
+            "repacked_bytes": repacked,
+            "kv_bytes": kv,
+            "activation_bytes": act,
+            "total_bytes": total,
+            "fits": mem["total_bytes"] + total <= mem["available_bytes"],
+        }
+
+
 def gather(
     path: Path,
     ctx: int | None,
@@ -101,6 +134,7 @@ def gather(
     offload: str | None = None,
     gpu_layers: int | None = None,
     rpc: str | None = None,
+    spec: str | None = None,
 ) -> dict:
     """Everything `info` reports, as one JSON-able dict (the --json output)."""
     from edgeinfer.ggml.placement import check_offload, resolve, rpc_endpoints
@@ -128,6 +162,7 @@ def gather(
         tensor_bytes = memory_plan.weights_bytes(g)
         mem = plan.as_dict()
         devices = [] if span is None else [device_plan(g, cfg, p, mem) for p in span.pieces]
+        draft = draft_plan(spec, g, cfg, mem) if spec and spec.startswith("draft:") else None
         return {
             "path": str(path),
             "file_size": g.file_size,
@@ -156,6 +191,8 @@ def gather(
             "memory": mem,
             "device": None if span is None else devices[0],
             "devices": devices,  # one per backend of the span
+            "speculative": spec,
+            "draft": draft,  # --spec draft:MODEL's memory, beside "memory"
         }
 
 
@@ -191,6 +228,10 @@ def render(info: dict) -> str:
     lines += render_plan(mem)
     for dev in info.get("devices") or []:
         lines += render_device(dev)
+    if info.get("draft"):
+        lines += render_draft(info["draft"], mem)
+    elif info.get("speculative") == "ngram":
+        lines.append("speculative decoding: prompt lookup (no memory beyond the plan above)")
     if mem["ctx"] > info["context_length"]:
         lines.append(f"  note: ctx {mem['ctx']} is beyond the trained {info['context_length']}")
     return "\n".join(lines)
@@ -232,10 +273,35 @@ def render_plan(mem: dict) -> list[str]:
         ("largest context", f"{mem['max_ctx']} tokens", f"per sequence, {limit}"),
     ]
     seqs = "sequence" if mem["parallel"] == 1 else "sequences"
-    out = [f"memory plan: ctx {mem['ctx']} x {mem['parallel']} {seqs}, KV cache {mem['kv_dtype']}"]
+    return _table(
+        f"memory plan: ctx {mem['ctx']} x {mem['parallel']} {seqs}, KV cache {mem['kv_dtype']}",
+        rows,
+    )
+
+
+def _table(title: str, rows: list[tuple[str, str, str]]) -> list[str]:
+    # (label, value, note) rows under a title, values right-aligned in one column
+    lines = [title]
     for label, value, note in rows:
-        out.append(f"  {label:<24}{value:>13}" + (f"   ({note})" if note else ""))
-    return out
+        lines.append(f"  {label:<24}{value:>13}" + (f"   ({note})" if note else ""))
+    return lines
+
+
+def render_draft(draft: dict, mem: dict) -> list[str]:
+    seqs = "sequence" if draft["sequences"] == 1 else "sequences"
+    rows = [
+        ("weights (memory-mapped)", human_bytes(draft["weights_bytes"]), ""),
+        ("repacked weights", human_bytes(draft["repacked_bytes"]), ""),
+        (
+            "KV cache",
+            human_bytes(draft["kv_bytes"]),
+            f"ctx {mem['ctx']} x {draft['sequences']} {seqs}, every layer every token",
+        ),
+        ("activations", human_bytes(draft["activation_bytes"]), ""),
+        ("total", human_bytes(draft["total_bytes"]), ""),
+        ("fits with the target", "yes" if draft["fits"] else "NO", ""),
+    ]
+    return _table(f"draft model plan: {draft['name']} (speculative decoding)", rows)
 
 
 def render_device(dev: dict) -> list[str]:
@@ -247,10 +313,10 @@ def render_device(dev: dict) -> list[str]:
         ("total", dev["total_bytes"], ""),
         ("free now", dev["free_bytes"], where),
     ]
-    out = [f"device plan: {dev['span']}", f"  device                  {dev['device']}"]
-    for label, value, note in rows:
-        out.append(f"  {label:<24}{human_bytes(value):>13}" + (f"   ({note})" if note else ""))
-    out.append(f"  {'fits':<24}{'yes' if dev['fits'] else 'NO':>13}")
+    rows = [(label, human_bytes(value), note) for label, value, note in rows]
+    rows.append(("fits", "yes" if dev["fits"] else "NO", ""))
+    out = _table(f"device plan: {dev['span']}", rows)
+    out.insert(1, f"  device                  {dev['device']}")
     return out
 
 
@@ -270,11 +336,14 @@ def info(
     offload: Offload = None,
     gpu_layers: GpuLayers = None,
     rpc: Rpc = None,
+    spec: Spec = None,
 ) -> None:
     """Show a model's metadata, tensor types and memory plan (with --gpu-layers or --offload:
-    host and device memory planned separately)."""
+    host and device memory planned separately; with --spec draft:MODEL, the draft model's
+    weights and KV cache too)."""
     if offload is not None and gpu_layers:
         raise EdgeInferError("give either --offload or --gpu-layers, not both")
+    EngineConfig(speculative=spec)  # checks its form as a run would
     path = resolve_model(model)
-    data = gather(path, ctx, parallel, kv_dtype.value, offload, gpu_layers, rpc)
+    data = gather(path, ctx, parallel, kv_dtype.value, offload, gpu_layers, rpc, spec)
     typer.echo(json.dumps(data, indent=2) if as_json else render(data))

@@ -117,6 +117,12 @@ def kv_pools(
     return full, win
 
 
+def draft_sequences(target_blocks: int, ctx: int) -> int:
+    """Sequences of ctx tokens a draft model's cache holds (speculative.draft_model): as many
+    tokens as the target's full-layer pool of target_blocks blocks, in whole contexts."""
+    return max(1, target_blocks * BLOCK_SIZE // ctx)
+
+
 def n_sliding_layers(cfg: ModelConfig, layers: range | list | None = None) -> int:
     return len(window_layers(cfg, layers))
 

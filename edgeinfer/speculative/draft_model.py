@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from edgeinfer.engine.block_manager import BlockManager, KVCacheFullError
 from edgeinfer.engine.kv_cache import BLOCK_SIZE
+from edgeinfer.engine.memory_plan import draft_sequences
 from edgeinfer.engine.scheduler import Chunk
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.speculative.proposer import Proposer
@@ -26,11 +27,10 @@ class DraftModelProposer(Proposer):
 
         # as many cached tokens as the target, in whole contexts; the target's layer offload
         # names the target's layers, so the draft runs on the CPU
-        parallel = max(1, target.num_blocks * BLOCK_SIZE // target.max_context)
         draft_config = replace(
             config,
             ctx=target.max_context,
-            parallel=parallel,
+            parallel=draft_sequences(target.num_blocks, target.max_context),
             kv_budget=None,
             speculative=None,
             offload=None,
