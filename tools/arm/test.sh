@@ -128,7 +128,8 @@ selection() {
 }
 
 # One pytest run on aarch64: run_tests CPU ARGS... (CPU "": the default, LLVM's generic ARMv8
-# with NEON), after printing the target Numba compiles for.
+# with NEON), after printing the target Numba compiles for; its 15 slowest tests are listed (where
+# emulation's time goes).
 # Under emulation LLVM's host detection reads the x86 host's /proc/cpuinfo and turns SVE, AES ...
 # off; an empty NUMBA_CPU_FEATURES gives the named CPU its own.
 run_tests() {
@@ -136,30 +137,43 @@ run_tests() {
     shift
     # shellcheck disable=SC2086
     in_root $target python -W error $SRC/tools/arm/cpu_info.py &&
-        in_root $target sh -c "cd $SRC && exec python -m pytest -q -W error \"\$@\"" sh "$@"
+        in_root $target sh -c "cd $SRC && exec python -m pytest -q -W error --durations=15 \"\$@\"" sh "$@"
 }
 
 # The passes: tools/arm/tests.txt's [every-cpu] on each of ARM_CPUS and on the default CPU, its
-# [once] on the default CPU. Numba compiling under emulation is most of the time and uses one
-# core, so ARM_JOBS passes (default: one a core) run at once, each logged to $CACHE/logs/ and
-# shown when it ends. The named CPUs' kernel passes start first (the longest), and [once] comes
-# after the default CPU's, reusing the kernels it compiled: cold on 2 cores 1810 s in all, against
-# 2194 s with [once] beside the default CPU's pass, both compiling the same kernels.
+# [once] on the default CPU and [once-named] on the first of ARM_CPUS (the default CPU when none
+# is named). Numba compiling under emulation is most of the time and uses one core, so each CPU's
+# passes form a chain, its kernel pass first: the [once] groups then reuse the kernels that pass
+# compiled (two passes compiling the same kernels side by side each pay for them). ARM_JOBS chains
+# (default: one a core) run at once, the named CPUs' (the longest) first; each pass is logged to
+# $CACHE/logs/ and shown when all end. Cold on 2 cores, all of [once] after the default CPU's
+# kernel pass: 1810 s, the named CPU's chain idle the last 230 s.
 run_passes() {
-    local logs=$CACHE/logs passes=() cpu group n=0 i rc secs failed=0
-    for cpu in ${ARM_CPUS-cortex-a76 neoverse-v1}; do passes+=("$cpu|every-cpu"); done
-    passes+=("|every-cpu" "|once")
+    local logs=$CACHE/logs chains=() cpu chain group n=0 first i rc secs failed=0
+    local named=(${ARM_CPUS-cortex-a76 neoverse-v1})
+    for cpu in "${named[@]}"; do chains+=("$cpu|every-cpu"); done
+    chains+=("|every-cpu |once")
+    if [ ${#named[@]} -gt 0 ]; then
+        chains[0]+=" ${named[0]}|once-named"
+    else
+        chains[0]+=" |once-named"
+    fi
     rm -rf "$logs"
     mkdir -p "$logs"
-    for pass in "${passes[@]}"; do
+    for chain in "${chains[@]}"; do
         while [ "$(jobs -rp | wc -l)" -ge "${ARM_JOBS:-$(nproc)}" ]; do wait -n || true; done
-        n=$((n + 1))
-        cpu=${pass%|*} group=${pass#*|}
+        first=$((n + 1))
+        n=$((n + $(wc -w <<< "$chain")))
         (
-            mapfile -t args < <(selection "$group")
-            t=$SECONDS rc=0
-            run_tests "$cpu" "${args[@]}" > "$logs/$n.log" 2>&1 || rc=$?
-            echo "$rc $((SECONDS - t)) [$group] on ${cpu:-the default CPU}" > "$logs/$n.rc"
+            i=$first
+            for pass in $chain; do
+                cpu=${pass%|*} group=${pass#*|}
+                mapfile -t args < <(selection "$group")
+                t=$SECONDS rc=0
+                run_tests "$cpu" "${args[@]}" > "$logs/$i.log" 2>&1 || rc=$?
+                echo "$rc $((SECONDS - t)) [$group] on ${cpu:-the default CPU}" > "$logs/$i.rc"
+                i=$((i + 1))
+            done
         ) &
     done
     wait
