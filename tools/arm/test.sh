@@ -154,11 +154,7 @@ run_passes() {
     local named=(${ARM_CPUS-cortex-a76 neoverse-v1})
     for cpu in "${named[@]}"; do chains+=("$cpu|every-cpu"); done
     chains+=("|every-cpu |once")
-    if [ ${#named[@]} -gt 0 ]; then
-        chains[0]+=" ${named[0]}|once-named"
-    else
-        chains[0]+=" |once-named"
-    fi
+    chains[0]+=" ${named[0]:-}|once-named"  # the first chain: the first named CPU's, or the default's
     rm -rf "$logs"
     mkdir -p "$logs"
     for chain in "${chains[@]}"; do
