@@ -25,13 +25,15 @@ SMOL = "smollm2-135m-instruct"
 class Seq:
     """A stand-in decoding sequence: every token but the last computed."""
 
-    def __init__(self, seq_id, tokens, max_tokens=None, max_context=1000, prompt_len=None):
+    def __init__(
+        self, seq_id, tokens, max_tokens=None, max_context=1000, prompt_len=None, spec_k=None
+    ):
         self.seq_id = seq_id
         self.token_ids = list(tokens)
         self.num_computed = len(tokens) - 1
         self.num_prompt_tokens = len(tokens) if prompt_len is None else prompt_len
         self.max_context = max_context
-        self.params = SamplingParams(max_tokens=max_tokens)
+        self.params = SamplingParams(max_tokens=max_tokens, spec_k=spec_k)
 
     @property
     def num_output_tokens(self):
@@ -138,6 +140,19 @@ def test_drafts_fill_a_step_up_to_its_row_limit():
         assert [len(got.get(s.seq_id, [])) for s in seqs] == [k] * n, n
 
 
+def test_a_requests_spec_k_caps_its_drafts_and_0_turns_them_off():
+    spec = Speculator(Never(), spec_k=4)
+    seqs = [Seq(0, [1, 2, 3]), Seq(1, [1, 2, 3], spec_k=0), Seq(2, [1, 2, 3], spec_k=3)]
+    seqs.append(Seq(3, [1, 2, 3], spec_k=20))  # more than the engine's: the engine's
+    got = spec.drafts(seqs)
+    assert {k: len(v) for k, v in got.items()} == {0: 4, 2: 3, 3: 4}
+    spec.record(2, 3, 3)  # all accepted: k doubles, but the request's cap holds
+    assert len(spec.drafts(seqs)[2]) == 3
+    for bad in (-1, 1.5, True):
+        with pytest.raises(EdgeInferError, match="spec_k"):
+            SamplingParams(spec_k=bad)
+
+
 def test_config_validates_the_speculative_knobs():
     assert EngineConfig(speculative="ngram", spec_k=4).step_logit_rows == min(64 * 5, 512)
     for bad in ({"speculative": "eagle"}, {"spec_k": 0}, {"spec_k": 99}):
@@ -222,6 +237,24 @@ def test_greedy_is_token_for_token_the_output_without_speculation(synth, mode):
     assert stats.kv_blocks_used == 0 and stats.generated_tokens == sum(
         len(c.token_ids) for c in base
     )
+
+
+def test_speculation_is_off_for_a_request_that_asks_and_on_for_its_batch_mates(synth):
+    phrase = np.random.default_rng(2).integers(300, 400, 12).tolist()
+    prompts = [phrase * 4, phrase * 3 + [9]]
+    on = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
+    off = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True, spec_k=0)
+    base, _ = run(synth, prompts, on)
+    knobs = dict(speculative="ngram", spec_k=6)
+    got, both = run(synth, prompts, [on, off], **knobs)
+    assert same(base, got)
+    _, alone_on = run(synth, prompts[:1], on, **knobs)
+    _, alone_off = run(synth, prompts[1:], off, **knobs)
+    assert alone_off.spec_proposed_tokens == alone_off.spec_drafts == 0
+    # the batch's drafts are all the first request's, as many as it makes alone
+    assert alone_on.spec_proposed_tokens > 0
+    counts = ("spec_drafts", "spec_proposed_tokens", "spec_accepted_tokens")
+    assert [getattr(both, c) for c in counts] == [getattr(alone_on, c) for c in counts]
 
 
 def test_stops_inside_an_accepted_run_end_where_sequential_decoding_ends(synth):

@@ -1,11 +1,13 @@
-"""Speculative decoding's controls: `--spec/--spec-k` on the CLI, its counters in /metrics
-and in the chat's stats panel."""
+"""Speculative decoding's controls: `--spec/--spec-k` on the CLI, a request's own `spec_k` on
+the server, its counters in /metrics and in the chat's stats panel."""
 
 from __future__ import annotations
 
 import re
 
+import openai
 from cli_checks import edgeinfer, one_error_line
+from server_proc import ServerProcess
 from test_tui import reply_done, run, send
 
 from edgeinfer.engine.sampling import SamplingParams
@@ -31,6 +33,29 @@ def test_run_with_spec_prints_the_same_text_and_the_acceptance(synthetic_model):
     one_error_line(
         edgeinfer("run", path, "-p", "x", "--spec", "ngram", "--spec-k", "0"), "--spec-k"
     )
+
+
+def test_a_server_request_turns_its_drafts_off_with_spec_k_0(synthetic_model):
+    path = synthetic_model("llama", "F32")
+    server = ServerProcess(path, "--spec", "ngram", "--spec-k", "4")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        drafted = "edgeinfer:spec_decode_num_draft_tokens_total"
+
+        def complete(**extra):
+            before = server.metric(drafted)
+            body = {"ignore_eos": True, **extra}
+            out = client.completions.create(
+                model=path.name, prompt=COPY, max_tokens=30, temperature=0, extra_body=body
+            )
+            return out.choices[0].text, server.metric(drafted) - before
+
+        (off, off_drafted), (on, on_drafted) = complete(spec_k=0), complete()
+        assert off == on and off_drafted == 0 and on_drafted > 0
+        bad = server.post("/v1/completions", {"prompt": "x", "spec_k": -1})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "spec_k"
+    finally:
+        server.close()
 
 
 def spec_llm(path) -> LLM:

@@ -49,6 +49,9 @@ class SamplingParams:
     most likely tokens, from the log-softmax of the model's raw logits (before any processor or
     penalty, as OpenAI and vLLM report them). logits_processors: vLLM's hook, each called as
     fn(output_token_ids, logits[vocab]) -> logits before the penalties (logit bias, grammars).
+    spec_k: speculative decoding's draft tokens a step for this request where the engine
+    speculates (`speculative`): None = the engine's spec_k, 0 = no drafts (a request whose
+    guesses rarely hold, e.g. sampled at a high temperature), k = at most k; ignored otherwise.
     """
 
     temperature: float = 0.8
@@ -66,6 +69,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     logits_processors: tuple[Callable[[list[int], np.ndarray], np.ndarray], ...] = ()
+    spec_k: int | None = None
 
     def __post_init__(self):
         def bad(name, rule):
@@ -104,6 +108,8 @@ class SamplingParams:
             not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS
         ):
             bad("logprobs", f"None or an integer in [0, {MAX_LOGPROBS}]")
+        if self.spec_k is not None and (not _is_int(self.spec_k) or self.spec_k < 0):
+            bad("spec_k", "None or an integer >= 0 (0 = no drafts)")
         processors = tuple(self.logits_processors)
         if not all(callable(f) for f in processors):
             bad("logits_processors", "a list of callables")

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from edgeinfer.config import MAX_SPEC_K
 from edgeinfer.server.errors import APIError
 
 MAX_N = 16
@@ -71,6 +72,8 @@ class _Sampling(_Body):
     priority: Annotated[int, Field(ge=-(2**31), lt=2**31)] = 0  # vLLM's: lower runs first
     response_format: ResponseFormat | None = None
     ignore_eos: bool = False  # vLLM's extension: fixed-length outputs for benchmarks
+    # draft tokens a step where the server speculates (--spec): 0 = none (SamplingParams.spec_k)
+    spec_k: Annotated[int, Field(ge=0, le=MAX_SPEC_K)] | None = None
 
     @model_validator(mode="after")
     def _check_stop(self):

@@ -22,6 +22,7 @@ _FIELDS = (
     "presence_penalty",
     "frequency_penalty",
     "repetition_penalty",
+    "spec_k",
 )
 
 

@@ -6,7 +6,7 @@ and a draft with nothing accepted halves k and pauses proposals for 2, 4, ... 64
 verified token costs a decode row, so a sequence whose guesses always fail pays for one extra
 row every 64 steps (about 1 %), while one that copies its prompt keeps k at its largest.
 Drafts only fill a step up to STEP_ROWS rows: many sequences decoding at once get short drafts,
-or none.
+or none. A request's own SamplingParams.spec_k caps its drafts (0: none).
 """
 
 from __future__ import annotations
@@ -45,13 +45,15 @@ class Speculator:
             if seq.num_computed != n - 1:  # its prompt is still being computed
                 continue
             decoding += 1
+            if seq.params.spec_k == 0:  # the request asked for no drafts
+                continue
             pace = self._pace.setdefault(seq.seq_id, _Pace(self.spec_k))
             if pace.pause:
                 pace.pause -= 1
                 continue
             # every draft position must fit the context, and more tokens than max_tokens
             # leaves room for are never kept
-            k = min(pace.k, seq.max_context - n)
+            k = min(pace.k, seq.params.spec_k or pace.k, seq.max_context - n)
             if seq.params.max_tokens is not None:
                 k = min(k, seq.params.max_tokens - seq.num_output_tokens - 1)
             if k > 0:
