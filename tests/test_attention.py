@@ -127,6 +127,7 @@ def run_case(rng, nh, nkv, dk, dv, qk_norm, neox, window, dtype, lengths, split_
         np.testing.assert_allclose(got[s], want, rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32], ids=["f16", "f32"])
 @pytest.mark.parametrize(
     "nh, nkv, qk_norm, neox, window",
     [
@@ -136,7 +137,6 @@ def run_case(rng, nh, nkv, dk, dv, qk_norm, neox, window, dtype, lengths, split_
         (8, 2, True, False, 7),
     ],
 )
-@pytest.mark.parametrize("dtype", [np.uint16, np.float32], ids=["f16", "f32"])
 def test_batched_sequences(dtype, nh, nkv, qk_norm, neox, window):
     rng = np.random.default_rng(nh * 10 + nkv + window)
     # Prefill of different lengths (one crossing several blocks), then a mixed batch: decode
@@ -161,8 +161,8 @@ def test_value_head_dim_differs():
     run_case(rng, 4, 2, 32, 16, False, True, 0, np.float32, lengths=[20, 9], split_at=[10, 8])
 
 
-@pytest.mark.parametrize("window", [0, 24])
 @pytest.mark.parametrize("dtype", [np.uint16, np.float32], ids=["f16", "f32"])
+@pytest.mark.parametrize("window", [0, 24])
 def test_many_decodes_with_a_prefill_chunk(dtype, window):
     # The engine's step: 12 sequences decode one token each (one per item, rows written
     # straight to the output) next to a 70-token prefill chunk that continues its sequence.

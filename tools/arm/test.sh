@@ -146,9 +146,9 @@ run_tests() {
 # passes form a chain, its kernel pass first: the [once] groups then reuse the kernels that pass
 # compiled (two passes compiling the same kernels side by side each pay for them). ARM_JOBS chains
 # (default: one a core) run at once, the named CPUs' (the longest) first; each pass is logged to
-# $CACHE/logs/ and shown when all end. The groups balance the chains: cold on 2 cores with
-# cortex-a76 the kernel passes took 1725 and 1802 s, a sixth of them attention compiled for a
-# float32 cache, which [once-named] now compiles on one CPU only.
+# $CACHE/logs/ and shown when all end. Cold on 2 cores with cortex-a76: all of [once] after the
+# default CPU's kernel pass took 1810 s, the named CPU's chain idle the last 230 s; split, the two
+# chains end 20 s apart (1892 s on a slower day, whose kernel passes took 1725 and 1802 s).
 run_passes() {
     local logs=$CACHE/logs chains=() cpu chain group n=0 first i rc secs failed=0
     local named=(${ARM_CPUS-cortex-a76 neoverse-v1})
