@@ -5,6 +5,7 @@
     matmul(x, w)      # x: float32[n, in], w: [out, in] -> float32[n, out]
     bind_stacked(parts, stack(parts))(x)   # several weights of one type, one launch
     bind_row_wise(parts)(x)   # the same on matmul's row-wise path
+    takes_int8_rows(unit)     # do n = small_n_max+1 .. rows_n_max take the int8 GEMM?
     embedding(w, ids) # w: [vocab, dim], ids: int[n] -> float32[n, dim]
     set_threads(n) / get_threads()
 
@@ -26,7 +27,13 @@ refresh(Path(__file__).parent)  # before any kernel is loaded from the disk cach
 import numpy as np  # noqa: E402
 
 from . import threads  # noqa: E402
-from .matmul import bind_row_wise, bind_stacked, embedding, matmul  # noqa: E402
+from .matmul import (  # noqa: E402
+    bind_row_wise,
+    bind_stacked,
+    embedding,
+    matmul,
+    takes_int8_rows,
+)
 from .registry import (  # noqa: E402
     QuantType,
     UnsupportedTypeError,
@@ -65,4 +72,5 @@ __all__ = [
     "set_threads",
     "stack",
     "supported_types",
+    "takes_int8_rows",
 ]

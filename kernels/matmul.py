@@ -187,16 +187,24 @@ def _bound(parts: list[QuantWeight], kernel: Callable, step: int | None) -> Call
 
 
 def _by_n(x: np.ndarray, w: QuantWeight) -> np.ndarray:
-    # the fastest path for this n (per unit: small_n_max, rows_n_max)
+    # the fastest path for this n (per unit: small_n_max, rows_n_max, int8_rows)
     n = x.shape[0]
     out = np.empty((n, w.shape[0]), np.float32)
     if w.unit.matmul_small is not None and n <= w.unit.small_n_max:
         w.unit.matmul_small(w.packed, x, out)
     elif w.unit.matmul_rows is not None and n <= w.unit.rows_n_max:
-        w.unit.matmul_rows(w.row_parts, x, out)
+        rows = w.unit.matmul_int8 if takes_int8_rows(w.unit) else w.unit.matmul_rows
+        rows(w.row_parts, x, out)
     else:
         matmul_tiled(x, w, out)
     return out
+
+
+def takes_int8_rows(unit) -> bool:
+    """Whether calls of small_n_max < n <= rows_n_max rows take the unit's int8 GEMM rather than
+    its row tiles: where it is faster there (`int8_rows`, the K-quants) and the target enables it.
+    Its rows are rounded to int8 as the fused kernel's are below small_n_max."""
+    return INT8_ENABLED and unit.int8_faster and unit.int8_rows and unit.matmul_int8 is not None
 
 
 # A unit whose int8 fused kernel beats its row-tile kernel up to this many rows (small_n_max)

@@ -37,7 +37,8 @@ Unit interface (a `QuantType`):
 - `matmul_int8(parts, x, out)`: as `matmul_rows`, with x rounded row by row to int8 blocks
   (`kernels.int8_gemm`: the quantized units'), each row on its own too; `int8_faster`: it beats
   `matmul_rows` at prompt sizes, so the row-wise int8 path (prompt rows, precision "fast")
-  takes it.
+  takes it; `int8_rows`: it beats `matmul_rows` from small_n_max to rows_n_max rows too, so the
+  default path takes it there (decode steps of many sequences, `matmul.takes_int8_rows`).
 
 `dequantize_rows` and `matmul_rows` are built on the type's serial row dequantizer
 (`dequantize_row(raw u8[row_bytes], halves, out f32[cols])`, halves: `floatbits.HALF_TABLE`, for
@@ -76,6 +77,8 @@ class QuantType:
     matmul_int8: Callable | None = None  # ((flat, starts, ends), x f32[n, in], out f32[n, out])
     # matmul_int8 beats matmul_rows on prompt rows: bind_row_wise(int8=True) takes it
     int8_faster: bool = False
+    # ... and for small_n_max < n <= rows_n_max too: the default path takes it there
+    int8_rows: bool = False
 
     def __post_init__(self):
         if (self.block_size, self.type_size) != GGML_QUANT_SIZES[self.qtype]:

@@ -83,6 +83,8 @@ class Linear:
         self.small = kernels.bind_stacked(parts, self.small_packed) if fused else None
         self.row_wise = kernels.bind_row_wise(parts)
         self.row_int8 = kernels.bind_row_wise(parts, int8=True)
+        # above small_n_max, up to rows_n_max: the int8 GEMM where kernels.matmul takes it
+        self._int8_n_max = unit.rows_n_max if kernels.takes_int8_rows(unit) else -1
         self.row_exact = kernels.bind_row_wise(parts, exact=True)
 
     def __call__(self, x: np.ndarray, row_wise: bool | str = False) -> np.ndarray:
@@ -94,6 +96,8 @@ class Linear:
             y = self.row_wise(x)
         elif x.shape[0] <= self._small_n_max:
             y = self.small(x)
+        elif x.shape[0] <= self._int8_n_max:
+            y = self.row_int8(x)
         elif len(self.parts) == 1:
             y = kernels.matmul(x, self.parts[0])
         else:

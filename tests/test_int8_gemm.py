@@ -17,6 +17,7 @@ from kernel_checks import HALF_FIELDS, KQUANTS, LEGACY, T, random_blocks
 
 from edgeinfer import kernels
 from edgeinfer.kernels import int8_gemm
+from edgeinfer.models.base import Linear
 
 QUANTIZED = KQUANTS + LEGACY
 # 13 rows: full tiles of 3 (K-quants) and 2 (legacy) rows plus a ragged one; 7 activation rows:
@@ -116,6 +117,34 @@ def test_targets_without_the_gemm_keep_the_float_path(monkeypatch):
     matmul_module = sys.modules["edgeinfer.kernels.matmul"]
     monkeypatch.setattr(matmul_module, "INT8_ENABLED", False)
     assert np.array_equal(kernels.bind_row_wise([w], int8=True)(x), kernels.bind_row_wise([w])(x))
+
+
+@needs_int8
+@pytest.mark.parametrize("qtype", (T.Q4_K, T.Q6_K), ids=lambda t: t.name)
+def test_calls_above_the_fused_range_take_the_gemm_for_k_quants(qtype, monkeypatch):
+    # small_n_max < n <= rows_n_max rows (a decode step of many sequences): the K-quants' GEMM
+    # beats their row tiles there too, so kernels.matmul and a model's Linear take it; past
+    # rows_n_max, BLAS on dequantized tiles as before. Q8_0 keeps its fused kernel and row tiles
+    # (its GEMM is slower at these sizes), and so does every type where the target has no GEMM.
+    assert [t for t in QUANTIZED if kernels.takes_int8_rows(kernels.get_unit(t))] == [*KQUANTS]
+    rng = np.random.default_rng(int(qtype) + 3)
+    unit = kernels.get_unit(qtype)
+    parts = [
+        kernels.QuantWeight.from_raw(random_blocks(qtype, rows * IN // 256, rng), qtype, (rows, IN))
+        for rows in (OUT, 5)
+    ]
+    gemm, tiles = kernels.bind_row_wise(parts, int8=True), kernels.bind_row_wise(parts)
+    for n in (unit.small_n_max + 1, unit.rows_n_max):
+        x = rng.standard_normal((n, IN)).astype(np.float32)
+        want = gemm(x)
+        assert not np.array_equal(want, tiles(x))  # the two paths round differently
+        assert np.array_equal(kernels.matmul(x, parts[0]), want[:, :OUT]), n
+        assert np.array_equal(Linear(parts)(x), want), n
+    x = rng.standard_normal((unit.rows_n_max + 1, IN)).astype(np.float32)
+    assert not np.array_equal(kernels.matmul(x, parts[0]), gemm(x)[:, :OUT])
+    x = rng.standard_normal((unit.small_n_max + 1, IN)).astype(np.float32)
+    monkeypatch.setattr(sys.modules["edgeinfer.kernels.matmul"], "INT8_ENABLED", False)
+    assert np.array_equal(Linear(parts)(x), tiles(x))
 
 
 TARGET_RUN = "from edgeinfer.kernels import int8_gemm; print(int8_gemm.ENABLED)"
