@@ -135,9 +135,10 @@ def check_row_tile_matmul(data: np.ndarray, qtype, out_dim: int, in_dim: int, rn
         assert np.array_equal(kernels.matmul(many[lo:hi], w, row_wise=True), row_wise[lo:hi])
     # the dispatch for every n the unit routes to the row-tile kernel (the K-quants' int8 GEMM
     # takes those n where the target has one: test_int8_gemm)
-    lo = w.unit.small_n_max + 1 if w.unit.matmul_small is not None else 1
-    for n in range(lo, w.unit.rows_n_max + 1, 5) if not kernels.takes_int8_rows(w.unit) else ():
-        assert np.array_equal(kernels.matmul(x[:n], w), full[:n]), f"{qtype.name} n={n}"
+    if not kernels.takes_int8_rows(w.unit):
+        lo = w.unit.small_n_max + 1 if w.unit.matmul_small is not None else 1
+        for n in range(lo, w.unit.rows_n_max + 1, 5):
+            assert np.array_equal(kernels.matmul(x[:n], w), full[:n]), f"{qtype.name} n={n}"
     before = kernels.get_threads()
     try:
         kernels.set_threads(1)
