@@ -119,10 +119,10 @@ def _run_edgeinfer(
     llm.generate([ids[:16]], SamplingParams(max_tokens=1, **greedy))  # also the warm-up
     start_s = time.time() - t_spawn
     # the timed request's kernels (a full prompt step, decode steps), where Numba's disk cache
-    # lacks them, would otherwise compile inside it: a prompt of one step (a longer one is
-    # prefilled in such steps) from the second token, so that the prefix cache serves none of
-    # the timed one
-    llm.generate([ids[1 : 1 + PREFILL_CHUNK]], SamplingParams(max_tokens=4, **greedy))
+    # lacks them, would otherwise compile inside it: up to one step of the prompt (a longer one
+    # is prefilled in such steps), rotated by a token so that the prefix cache serves none of it
+    warm = (ids[1:] + ids[:1])[:PREFILL_CHUNK]
+    llm.generate([warm], SamplingParams(max_tokens=4, **greedy))
     m = llm.generate([ids], SamplingParams(max_tokens=gen, **greedy))[0].metrics
     return {
         "start_s": start_s,
