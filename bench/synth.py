@@ -159,6 +159,7 @@ def model_path(name: str, threads: int = os.cpu_count() or 2, root: Path | None 
     """The file for a name in MODELS, written and quantized on first use."""
     shape_name, ftype = MODELS[name]
     root = root or cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
     src = root / f"{shape_name}-F16.gguf"
     if not src.exists():
         print(f"writing {src} ...", file=sys.stderr, flush=True)
