@@ -190,7 +190,12 @@ def _accumulate_bytes(context, builder, acc_type, acc, q, x, minus, scale, one):
 
 @intrinsic
 def prefetch(typingctx, a, i):
-    """Hint that a[i] (a 1-D array) will be read soon; safe past the end (a hint never faults)."""
+    """Hint that a[i] (a 1-D array) will be read soon, fetching it into the L2 cache (not L1);
+    safe past the end (a hint never faults).
+
+    Every caller hints bytes far enough ahead to come from DRAM: a hint into L1 holds one of
+    the L1's few miss buffers for that whole trip, and those buffers then bound a core's read
+    rate (a streaming kernel read half as fast with L1 hints as with L2 ones)."""
 
     def codegen(context, builder, sig, args):
         ptr = builder.bitcast(
@@ -201,8 +206,8 @@ def prefetch(typingctx, a, i):
             [ptr.type],
             ir.FunctionType(ir.VoidType(), [ptr.type, _I32, _I32, _I32]),
         )
-        # read, high temporal locality, data cache
-        builder.call(fn, [ptr, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+        # read, locality 2 (prefetcht1 on x86, PLDL2KEEP on aarch64), data cache
+        builder.call(fn, [ptr, ir.Constant(_I32, 0), ir.Constant(_I32, 2), ir.Constant(_I32, 1)])
         return context.get_dummy_value()
 
     return types.void(a, i), codegen
