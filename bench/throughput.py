@@ -67,7 +67,7 @@ def serve(llm, reqs) -> dict:
 
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for _, m in reqs]
     t0 = time.perf_counter()
-    seqs = llm._sequences([p for p, _ in reqs], params, None)
+    seqs = [llm.requests.from_prompt(p, sp) for (p, _), sp in zip(reqs, params, strict=True)]
     for seq in seqs:
         llm.engine.add(seq)
     peak = 0
