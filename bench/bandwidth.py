@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import sys
+import argparse
 import time
 
 import numba
@@ -31,6 +31,20 @@ def read_bandwidth(threads: int, mib: int = 512, reps: int = 5) -> float:
     return a.nbytes / best
 
 
-if __name__ == "__main__":
-    t = int(sys.argv[1]) if len(sys.argv) > 1 else numba.config.NUMBA_NUM_THREADS
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split(":")[0])
+    ap.add_argument(
+        "threads",
+        nargs="?",
+        type=int,
+        default=numba.config.NUMBA_NUM_THREADS,
+        help="threads reading (default: Numba's, the logical CPUs)",
+    )
+    t = ap.parse_args().threads
+    if not 1 <= t <= numba.config.NUMBA_NUM_THREADS:
+        ap.error(f"threads must be 1 to {numba.config.NUMBA_NUM_THREADS}")
     print(f"{read_bandwidth(t) / 1e9:.1f} GB/s read, {t} threads")
+
+
+if __name__ == "__main__":
+    main()
