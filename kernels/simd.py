@@ -188,6 +188,10 @@ def _accumulate_bytes(context, builder, acc_type, acc, q, x, minus, scale, one):
     _add_to(context, builder, acc_type, acc, [_scaled(builder, sums, scale)])
 
 
+# llvm.prefetch's locality for every hint: 2, into L2 (prefetcht1 on x86, PLDL2KEEP on aarch64)
+PREFETCH_LOCALITY = 2
+
+
 @intrinsic
 def prefetch(typingctx, a, i):
     """Hint that a[i] (a 1-D array) will be read soon, fetching it into the L2 cache (not L1);
@@ -206,8 +210,8 @@ def prefetch(typingctx, a, i):
             [ptr.type],
             ir.FunctionType(ir.VoidType(), [ptr.type, _I32, _I32, _I32]),
         )
-        # read, locality 2 (prefetcht1 on x86, PLDL2KEEP on aarch64), data cache
-        builder.call(fn, [ptr, ir.Constant(_I32, 0), ir.Constant(_I32, 2), ir.Constant(_I32, 1)])
+        read, cache = ir.Constant(_I32, 0), ir.Constant(_I32, 1)  # a read, of data
+        builder.call(fn, [ptr, read, ir.Constant(_I32, PREFETCH_LOCALITY), cache])
         return context.get_dummy_value()
 
     return types.void(a, i), codegen

@@ -44,7 +44,8 @@ def block_dots_module() -> ir.Module:
     prefetch = mod.declare_intrinsic(
         "llvm.prefetch", [p8], ir.FunctionType(ir.VoidType(), [p8, I32, I32, I32])
     )
-    b.call(prefetch, [w, ir.Constant(I32, 0), ir.Constant(I32, 2), ir.Constant(I32, 1)])
+    locality = ir.Constant(I32, simd.PREFETCH_LOCALITY)
+    b.call(prefetch, [w, ir.Constant(I32, 0), locality, ir.Constant(I32, 1)])
     b.ret_void()
     return mod
 
