@@ -106,59 +106,98 @@ def _fold_to_lanes(builder, v):
     return v
 
 
+class TileFrame:
+    """What the GEMM tiles' code generation shares (int_tile, byte_gemm.byte_tile: the same
+    arguments): pointers to rows of their flattened arrays, the `at` offsets, and the stores of
+    the finished sums."""
+
+    # the arrays' places in the tiles' signature, and whose rows they hold
+    ARRAYS = dict(wq=4, xq=5, sw=7, dx=8, fm=9, sx=10)
+    WEIGHT_ROWS = ("wq", "sw", "fm")
+
+    def __init__(self, context, builder, sig, args):
+        self.context, self.builder, self.sig, self.args = context, builder, sig, args
+        self.k = args[6]
+        at = args[11]
+        self.w_row, self.x_row, self.out_at, self.out_step, self.b_lo, self.b_hi = (
+            builder.extract_value(at, i) for i in range(6)
+        )
+
+    def rows(self, name, count, width):
+        """-> pointers to `count` rows of the flattened [*, width] array `name`, from the tile's
+        first weight row (wq, sw, fm) or activation row (xq, dx, sx)"""
+        builder, i = self.builder, self.ARRAYS[name]
+        first = self.w_row if name in self.WEIGHT_ROWS else self.x_row
+        return [
+            _ptr(
+                self.context,
+                builder,
+                self.sig.args[i],
+                self.args[i],
+                builder.mul(builder.add(first, ir.Constant(first.type, r)), width),
+            )
+            for r in range(count)
+        ]
+
+    def store(self, fma, pairs, accs):
+        """out[out + r + c * step] = the lanes' sum of each (r, c) pair's accumulator, added to
+        what is there past the first block"""
+        builder, out_at = self.builder, self.out_at
+        later = builder.icmp_signed(">", self.b_lo, ir.Constant(self.b_lo.type, 0))
+        for (r, c), acc in zip(pairs, accs, strict=True):
+            col = builder.mul(ir.Constant(out_at.type, c), self.out_step)
+            o = builder.add(out_at, builder.add(ir.Constant(out_at.type, r), col))
+            ptr = _ptr(self.context, builder, self.sig.args[12], self.args[12], o)
+            total = _lane_sum(builder, fma, acc)
+            builder.store(builder.select(later, builder.fadd(builder.load(ptr), total), total), ptr)
+
+
+def tile_literals(*values):
+    """The values of a tile's literal arguments, or None where one is not a literal."""
+    if not all(isinstance(v, types.IntegerLiteral) for v in values):
+        return None
+    return tuple(v.literal_value for v in values)
+
+
+def tile_signature(rows, cols, block, min_groups, wq, xq, sw, dx, fm, sx, out):
+    i = types.intp
+    at = types.UniTuple(i, 6)
+    return types.void(rows, cols, block, min_groups, wq, xq, i, sw, dx, fm, sx, at, out)
+
+
 @intrinsic
 def int_tile(typingctx, rows, cols, block, min_groups, wq, xq, k, sw, dx, fm, sx, at, out):
     """For r < rows, c < cols (literals, 1 to INT_ROWS / INT_COLS), with the offsets
-    at = (w row, x row, out, out step) in rows of wq / xq ([*, k] int16, flattened) and elements
-    of out:
-    out[out + r + c * step] = the module docstring's y of weight row w + r and activation row
-    x + c over k // block blocks (block, min_groups: literals; sw, dx: [*, k // block], fm, sx:
-    [*, k // block * min_groups] float32, flattened, the same rows)."""
-    lits = (rows, cols, block, min_groups)
-    if not all(isinstance(v, types.IntegerLiteral) for v in lits):
+    at = (w row, x row, out, out step, first block, end block) in rows of wq / xq ([*, k]
+    int16, flattened) and elements of out:
+    out[out + r + c * step] (+)= the module docstring's y of weight row w + r and activation row
+    x + c over those blocks (block, min_groups: literals; sw, dx: [*, k // block], fm, sx:
+    [*, k // block * min_groups] float32, flattened, the same rows); block 0 stores, a later
+    first block adds to out."""
+    lits = tile_literals(rows, cols, block, min_groups)
+    if lits is None:
         return None
-    n_rows, n_cols, blk, groups = (v.literal_value for v in lits)
+    n_rows, n_cols, blk, groups = lits
     if not (1 <= n_rows <= INT_ROWS and 1 <= n_cols <= INT_COLS and blk % STEP == 0):
         return None
     if groups not in (0, 1) and groups % LANES:
         return None
 
     def codegen(context, builder, sig, args):
-        wq, xq, k, sw, dx, fm, sx, at, out = args[4:]
-        w_row, x_row, out_at, out_step, b_lo, b_hi = (
-            builder.extract_value(at, i) for i in range(6)
-        )
-        arr = dict(wq=4, xq=5, sw=7, dx=8, fm=9, sx=10, out=12)  # their places in sig.args
-
-        def base(name, value, row, width):
-            # a pointer to row `row` of the flattened [*, width] array `name`
-            return _ptr(context, builder, sig.args[arr[name]], value, builder.mul(row, width))
-
+        frame = TileFrame(context, builder, sig, args)
+        k = frame.k
         nb = builder.sdiv(k, ir.Constant(k.type, blk))
         span = ir.Constant(k.type, groups)
         pairs = [(r, c) for r in range(n_rows) for c in range(n_cols)]
-        w0 = [base("wq", wq, builder.add(w_row, ir.Constant(k.type, r)), k) for r in range(n_rows)]
-        x0 = [base("xq", xq, builder.add(x_row, ir.Constant(k.type, c)), k) for c in range(n_cols)]
-        sw0 = [
-            base("sw", sw, builder.add(w_row, ir.Constant(k.type, r)), nb) for r in range(n_rows)
-        ]
-        dx0 = [
-            base("dx", dx, builder.add(x_row, ir.Constant(k.type, c)), nb) for c in range(n_cols)
-        ]
+        w0, x0 = frame.rows("wq", n_rows, k), frame.rows("xq", n_cols, k)
+        sw0, dx0 = frame.rows("sw", n_rows, nb), frame.rows("dx", n_cols, nb)
         if groups:
             g_w = builder.mul(nb, span)
-            fm0 = [
-                base("fm", fm, builder.add(w_row, ir.Constant(k.type, r)), g_w)
-                for r in range(n_rows)
-            ]
-            sx0 = [
-                base("sx", sx, builder.add(x_row, ir.Constant(k.type, c)), g_w)
-                for c in range(n_cols)
-            ]
+            fm0, sx0 = frame.rows("fm", n_rows, g_w), frame.rows("sx", n_cols, g_w)
         fvec = _vec(_F32, LANES)
         fma = _vector_fma(builder, LANES)
         zero = ir.Constant(fvec, [0.0] * LANES)
-        b, accs, close = counted_loop(builder, "int", b_lo, b_hi, [zero] * len(pairs))
+        b, accs, close = counted_loop(builder, "int", frame.b_lo, frame.b_hi, [zero] * len(pairs))
         first = builder.mul(b, ir.Constant(k.type, blk))
         sums = _block_sums(builder, w0, x0, first, blk)
         x_scales = [_splat(builder, builder.load(builder.gep(p, [b])), LANES) for p in dx0]
@@ -172,20 +211,10 @@ def int_tile(typingctx, rows, cols, block, min_groups, wq, xq, k, sw, dx, fm, sx
             g0 = builder.mul(b, span)
             new = _add_minimums(builder, fma, new, pairs, fm0, sx0, g0, groups)
         close(new)
-        out_type = sig.args[12]
-        later = builder.icmp_signed(">", b_lo, ir.Constant(b_lo.type, 0))
-        for (r, c), acc in zip(pairs, accs, strict=True):
-            col = builder.mul(ir.Constant(out_at.type, c), out_step)
-            o = builder.add(out_at, builder.add(ir.Constant(out_at.type, r), col))
-            ptr = _ptr(context, builder, out_type, out, o)
-            total = _lane_sum(builder, fma, acc)
-            builder.store(builder.select(later, builder.fadd(builder.load(ptr), total), total), ptr)
+        frame.store(fma, pairs, accs)
         return context.get_dummy_value()
 
-    i = types.intp
-    at_type = types.UniTuple(i, 6)
-    sig = types.void(rows, cols, block, min_groups, wq, xq, i, sw, dx, fm, sx, at_type, out)
-    return sig, codegen
+    return tile_signature(rows, cols, block, min_groups, wq, xq, sw, dx, fm, sx, out), codegen
 
 
 def _step_sums(builder, w0, x0, at, sums):
@@ -281,60 +310,73 @@ def quantize_activations(x, block, groups):
 # flat, starts, ends: one or more weights' bytes (block_matmul.row_offset: Q, K and V in one
 # launch), x: [n, in] -> out: [n, sum of the parts' rows]; a row is in // block blocks of
 # block_bytes. Each prange item unpacks TILE_ROWS rows, then takes their products with every
-# activation row CHUNK values of k at a time (_products). Inlined into each unit's own kernel
+# activation row CHUNK values of k at a time (products). Inlined into each unit's own kernel
 # (units.build).
 @njit(cache=True, inline="always")
 def int8_matmul(unpack, flat, starts, ends, halves, x, out, block, block_bytes, min_groups, rows):
-    n, k = x.shape
-    nb = k // block
-    xq, dx, sx = quantize_activations(x, block, min_groups)
-    acts = (xq.reshape(-1), dx.reshape(-1), sx.reshape(-1))
+    k = x.shape[1]
+    acts = quantize_activations(x, block, min_groups)
     last = ends[ends.shape[0] - 1]
-    row_bytes = nb * block_bytes
     for g in prange((last + TILE_ROWS - 1) // TILE_ROWS):
         r0 = g * TILE_ROWS
         m = min(TILE_ROWS, last - r0)
-        wq = np.empty(m * k, np.int16)
-        sw = np.empty(m * nb, np.float32)
-        fm = np.empty(m * nb * min_groups, np.float32)
-        for i in range(m):
-            at = row_offset(starts, ends, r0 + i, row_bytes)
-            ahead = row_offset(starts, ends, min(r0 + i + PREFETCH_ROWS_AHEAD, last - 1), row_bytes)
-            for line in range(0, row_bytes, LINE):
-                prefetch(flat, ahead + line)
-            for b in range(nb):
-                j = i * nb + b
-                unpack(flat, at + b * block_bytes, halves, wq, j * block, sw, j, fm, j * min_groups)
-        weights = (wq, sw, fm)
-        _products(
-            rows, weights, m, acts, n, k, block, min_groups, out.reshape(-1), r0, out.shape[1]
-        )
+        layout = (block, block_bytes, 1, min_groups)
+        weights = unpack_rows(unpack, flat, starts, ends, halves, r0, m, k, layout, np.int16)
+        products(int_tile, rows, INT_COLS, weights, m, acts, k, block, min_groups, out, r0)
 
 
-# weights = (wq, sw, fm) of m unpacked rows, acts = (xq, dx, sx) of n activation rows, both
-# flattened -> outf[t * step + r0 + r] for every row r and activation row t: int_tile over
-# blocks of CHUNK values of k (the first stores, the others add), rows x INT_COLS tiles (rows: a
-# literal, tile_rows(block)), ragged edges 1 x 1. Per chunk, an activation tile's
-# rows stay in L1 while all m rows pass by.
+# -> (wq, sw, fm): rows r0 to r0 + m - 1 of the weights (see int8_matmul) unpacked, their blocks'
+# values wq[m * k] (q_type), their scales sw[m * blocks * scales] and minimums fm[m * blocks *
+# min_groups] (layout = (block, block_bytes, scales, min_groups)). The rows
+# PREFETCH_ROWS_AHEAD ahead are hinted meanwhile, line by line.
 @njit(cache=True, inline="always")
-def _products(rows, weights, m, acts, n, k, block, min_groups, outf, r0, step):
+def unpack_rows(unpack, flat, starts, ends, halves, r0, m, k, layout, q_type):
+    block, block_bytes, scales, min_groups = layout
+    nb = k // block
+    last = ends[ends.shape[0] - 1]
+    row_bytes = nb * block_bytes
+    wq = np.empty(m * k, q_type)
+    sw = np.empty(m * nb * scales, np.float32)
+    fm = np.empty(m * nb * min_groups, np.float32)
+    for i in range(m):
+        at = row_offset(starts, ends, r0 + i, row_bytes)
+        ahead = row_offset(starts, ends, min(r0 + i + PREFETCH_ROWS_AHEAD, last - 1), row_bytes)
+        for line in range(0, row_bytes, LINE):
+            prefetch(flat, ahead + line)
+        for b in range(nb):
+            j = i * nb + b
+            sw_at, fm_at = j * scales, j * min_groups
+            unpack(flat, at + b * block_bytes, halves, wq, j * block, sw, sw_at, fm, fm_at)
+    return wq, sw, fm
+
+
+# weights = (wq, sw, fm) of m unpacked rows (flattened), acts = (xq, dx, sx) of the n activation
+# rows ([n, *]) -> out[t, r0 + r] for every row r and activation row t: `product` (an intrinsic
+# taking int_tile's arguments) over blocks of CHUNK values of k (the first stores, the others
+# add) in rows x cols tiles (literals), ragged edges 1 x 1. Per chunk, an activation tile's rows
+# stay in L1 while all m rows pass by.
+@njit(cache=True, inline="always")
+def products(product, rows, cols, weights, m, acts, k, block, min_groups, out, r0):
     wq, sw, fm = weights
+    n, step = out.shape
+    outf = out.reshape(-1)
     xq, dx, sx = acts
+    xq, dx, sx = xq.reshape(-1), dx.reshape(-1), sx.reshape(-1)
     nb = k // block
     chunk = max(1, CHUNK // block)
     full = m - m % rows
     for b0 in range(0, nb, chunk):
         b1 = min(nb, b0 + chunk)
-        for t in range(0, n - n % INT_COLS, INT_COLS):
+        for t in range(0, n - n % cols, cols):
             for i in range(0, full, rows):
                 at = (i, t, t * step + r0 + i, step, b0, b1)
-                int_tile(rows, INT_COLS, block, min_groups, wq, xq, k, sw, dx, fm, sx, at, outf)
+                product(rows, cols, block, min_groups, wq, xq, k, sw, dx, fm, sx, at, outf)
         # the ragged edges one product at a time (one tile shape less to compile)
         for t in range(n):
-            first = 0 if t >= n - n % INT_COLS else full
+            first = 0 if t >= n - n % cols else full
             for i in range(first, m):
                 at = (i, t, t * step + r0 + i, step, b0, b1)
-                int_tile(1, 1, block, min_groups, wq, xq, k, sw, dx, fm, sx, at, outf)
+                product(1, 1, block, min_groups, wq, xq, k, sw, dx, fm, sx, at, outf)
 
 
 def tile_rows(block: int) -> int:

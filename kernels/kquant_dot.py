@@ -19,6 +19,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from .byte_gemm import byte_position
 from .simd import (
     _F32,
     _I8,
@@ -86,6 +87,15 @@ def _field(context, builder, w_type, w, off, field):
     if field.position:
         b = builder.shl(b, _splat(builder, ir.Constant(_I8, field.position), GROUP))
     return b
+
+
+def _group_q(context, builder, layout, w_type, w, off, g):
+    # -> <32 x i8>: group g's unsigned fields q of the super-block at w[off:]
+    q = None
+    for field in layout.fields[g]:
+        bits = _field(context, builder, w_type, w, off, field)
+        q = bits if q is None else builder.or_(q, bits)
+    return q
 
 
 def _scales_and_mins(context, builder, layout, w_type, w, off):
@@ -196,10 +206,7 @@ def super_block_dot(layout: Layout):
             sc, mins = _scales_and_mins(context, builder, layout, w_type, w, off)
             total = None
             for g in range(GROUPS):
-                q = None
-                for field in layout.fields[g]:
-                    bits = _field(context, builder, w_type, w, off, field)
-                    q = bits if q is None else builder.or_(q, bits)
+                q = _group_q(context, builder, layout, w_type, w, off, g)
                 xg = builder.add(xi, ir.Constant(xi.type, GROUP * g))
                 xv = _activations(context, builder, sig.args[3], x, xg)
                 group_scales = _pick(builder, sc, [2 * g] * 8 + [2 * g + 1] * 8)
@@ -255,10 +262,7 @@ def super_block_unpacker(layout: Layout):
             sc, mins = _scales_and_mins(context, builder, layout, w_type, w, off)
             wide = _vec(_I16, GROUP)
             for g in range(GROUPS):
-                q = None
-                for field in layout.fields[g]:
-                    bits = _field(context, builder, w_type, w, off, field)
-                    q = bits if q is None else builder.or_(q, bits)
+                q = _group_q(context, builder, layout, w_type, w, off, g)
                 q = builder.zext(q, wide)
                 if layout.offset:
                     q = builder.sub(q, _splat(builder, ir.Constant(_I16, layout.offset), GROUP))
@@ -281,5 +285,53 @@ def super_block_unpacker(layout: Layout):
             return context.get_dummy_value()
 
         return types.void(w, off, halves, wq, wq_at, sw, sw_at, fm, fm_at), codegen
+
+    return unpack
+
+
+def super_block_byte_unpacker(layout: Layout):
+    """-> intrinsic unpack(w, off, halves, wb, wb_at, ws, ws_at, wm, wm_at), the byte GEMM's
+    unpacking (byte_gemm.byte_matmul) of the super-block at w[off:]: wb[wb_at:][:256] = the
+    unsigned fields q in byte_gemm's lane order, and per 16-weight sub-block j (16 of them)
+    ws[ws_at + j] = d * sc_j and wm[wm_at + j] = -dmin * m_j - offset * d * sc_j, the float
+    terms that its sum of q * x is scaled by and that multiply its sum of x (halves:
+    floatbits.HALF_TABLE)."""
+
+    @intrinsic
+    def unpack(typingctx, w, off, halves, wb, wb_at, ws, ws_at, wm, wm_at):
+        def codegen(context, builder, sig, args):
+            w, off, halves, wb, wb_at, ws, ws_at, wm, wm_at = args
+            w_type, halves_type = sig.args[0], sig.args[2]
+            sc, mins = _scales_and_mins(context, builder, layout, w_type, w, off)
+            for g in range(GROUPS):
+                q = _group_q(context, builder, layout, w_type, w, off, g)
+                # 4-byte word i: the super-block's values GROUP * g + 4 i to 4 i + 3
+                words = builder.bitcast(q, _vec(_I32, GROUP // 4))
+                for i in range(GROUP // 4):
+                    at = ir.Constant(wb_at.type, byte_position(GROUP * g + 4 * i))
+                    ptr = _ptr(context, builder, sig.args[3], wb, builder.add(wb_at, at))
+                    word = builder.extract_element(words, ir.Constant(_I32, i))
+                    builder.store(word, builder.bitcast(ptr, _I32.as_pointer()), align=1)
+
+            def half(at):
+                ptr = _ptr(context, builder, w_type, w, builder.add(off, ir.Constant(off.type, at)))
+                return _read_half(context, builder, ptr, halves_type, halves)
+
+            lanes = 2 * GROUPS
+            d = _splat(builder, half(layout.d_at), lanes)
+            scale = builder.fmul(builder.sitofp(sc, _vec(_F32, lanes)), d)
+            minimum = ir.Constant(_vec(_F32, lanes), [0.0] * lanes)
+            if mins is not None:
+                dmin = _splat(builder, builder.fneg(half(layout.dmin_at)), lanes)
+                minimum = builder.fmul(builder.sitofp(mins, _vec(_F32, lanes)), dmin)
+            if layout.offset:
+                offset = _splat(builder, ir.Constant(_F32, -layout.offset), lanes)
+                minimum = builder.fadd(minimum, builder.fmul(scale, offset))
+            for array, at, value in ((ws, ws_at, scale), (wm, wm_at, minimum)):
+                ptr = _ptr(context, builder, sig.args[5], array, at)
+                builder.store(value, builder.bitcast(ptr, value.type.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return types.void(w, off, halves, wb, wb_at, ws, ws_at, wm, wm_at), codegen
 
     return unpack

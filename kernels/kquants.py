@@ -23,6 +23,7 @@ from .kquant_dot import (
     Field,
     Layout,
     min_groups,
+    super_block_byte_unpacker,
     super_block_dot,
     super_block_unpacker,
 )
@@ -41,6 +42,7 @@ def kquant_unit(qtype: GGMLQuantizationType, dequantize_row, layout: Layout, sma
     int8 = dict(
         unpack=super_block_unpacker(layout),
         min_groups=min_groups(layout),
+        unpack_bytes=super_block_byte_unpacker(layout),
         int8_faster=True,
         int8_rows=True,
     )

@@ -35,7 +35,8 @@ Unit interface (a `QuantType`):
   n of the row-wise (batch-invariant) path, so each output row must be computed on its own, its
   bits independent of n and of the threads (`matmul.row_tile_matmul` does that).
 - `matmul_int8(parts, x, out)`: as `matmul_rows`, with x rounded row by row to int8 blocks
-  (`kernels.int8_gemm`: the quantized units'), each row on its own too; `int8_faster`: it beats
+  (`kernels.int8_gemm`: the quantized units'; `kernels.byte_gemm` for the K-quants where the
+  target has AVX-512 VNNI), each row on its own too; `int8_faster`: it beats
   `matmul_rows` at prompt sizes, so the row-wise int8 path (prompt rows, precision "fast")
   takes it; `int8_rows`: it beats `matmul_rows` from small_n_max to rows_n_max rows too, so the
   default path takes it there (decode steps of many sequences, `matmul.takes_int8_rows`).

@@ -19,6 +19,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import njit, prange
 
 from .block_matmul import Fused, block_matmul, parts_of
+from .byte_gemm import ENABLED as BYTE_GEMM_ENABLED
+from .byte_gemm import byte_matmul
 from .floatbits import HALF_TABLE
 from .int8_gemm import IntGemm, int8_matmul, tile_rows
 from .matmul import RowTile, row_tile_matmul
@@ -52,6 +54,11 @@ def _matmul_int8(flat, starts, ends, halves, x, out):
     int8_matmul(UNPACK, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE, MIN_GROUPS, INT_ROWS)
 
 
+# as _matmul_int8, on the K-quants' byte GEMM
+def _matmul_bytes(flat, starts, ends, halves, x, out):
+    byte_matmul(UNPACK, flat, starts, ends, halves, x, out, TYPE_SIZE)
+
+
 def jit_copy(template: Callable, name: str, constants: dict, **options) -> Callable:
     """A `@njit(cache=True, **options)` copy of template (a module-level function) named `name`,
     with `constants` in place of the template's globals of those names."""
@@ -78,6 +85,7 @@ def build(
     q_type=np.int8,
     unpack: Callable | None = None,
     min_groups: int = 0,
+    unpack_bytes: Callable | None = None,
     **fields,
 ) -> QuantType:
     """Registers and returns qtype's unit, its kernels built on
@@ -88,6 +96,8 @@ def build(
       x quantized to q_type blocks of the type's block size, summed per sum_group (see
       act_quant);
     unpack, min_groups: the block's unpacking for the int8 GEMM (see int8_gemm; None: none);
+    unpack_bytes: a K-quant super-block's for the byte GEMM (see byte_gemm), which replaces the
+      int8 GEMM where the target enables it;
     fields: the other QuantType fields (small_n_max ...), or ones to use instead of the built
       kernels (F32's numpy and BLAS ones).
     """
@@ -106,7 +116,11 @@ def build(
     if block_dot is not None:
         fused = jit_copy(_matmul_fused, f"{name}_matmul_fused", constants, parallel=True)
         kernels.update(matmul_small=Fused(fused), repack=parts_of)
-    if unpack is not None:
+    if unpack_bytes is not None and BYTE_GEMM_ENABLED:
+        byte_constants = {**constants, "UNPACK": unpack_bytes}
+        gemm = jit_copy(_matmul_bytes, f"{name}_matmul_bytes", byte_constants, parallel=True)
+        kernels.update(matmul_int8=IntGemm(gemm))
+    elif unpack is not None:
         gemm = jit_copy(_matmul_int8, f"{name}_matmul_int8", constants, parallel=True)
         kernels.update(matmul_int8=IntGemm(gemm))
     unit = QuantType(qtype=qtype, block_size=block, type_size=type_size, **{**kernels, **fields})

@@ -16,7 +16,8 @@ from gguf.quants import dequantize as gguf_dequantize
 from kernel_checks import HALF_FIELDS, KQUANTS, LEGACY, T, random_blocks
 
 from edgeinfer import kernels
-from edgeinfer.kernels import int8_gemm
+from edgeinfer.kernels import byte_gemm, int8_gemm
+from edgeinfer.kernels.simd import target_features
 from edgeinfer.models.base import Linear
 
 QUANTIZED = KQUANTS + LEGACY
@@ -147,23 +148,51 @@ def test_calls_above_the_fused_range_take_the_gemm_for_k_quants(qtype, monkeypat
     assert np.array_equal(Linear(parts)(x), tiles(x))
 
 
-TARGET_RUN = "from edgeinfer.kernels import int8_gemm; print(int8_gemm.ENABLED)"
+TARGET_RUN = (
+    "from edgeinfer.kernels import byte_gemm, int8_gemm; "
+    "print(int8_gemm.ENABLED, byte_gemm.ENABLED)"
+)
+on_x86 = pytest.mark.skipif(
+    platform.machine().lower() not in ("x86_64", "amd64"),
+    reason="x86-64 CPU names: this host compiles for another architecture",
+)
 
 
+@on_x86
 @pytest.mark.parametrize(
-    "cpu, features, enabled",
+    "cpu, features, enabled, bytes_enabled",
     [
-        ("x86-64-v3", "", True),  # AVX2: 16-bit multiply-adds in 256-bit vectors
-        ("x86-64-v4", "", True),  # AVX-512
-        ("x86-64-v2", "", False),  # SSE4.2 only: 128-bit vectors
+        ("x86-64-v3", "", True, False),  # AVX2: 16-bit multiply-adds in 256-bit vectors
+        ("x86-64-v4", "+avx512f", True, False),  # AVX-512 without VNNI's byte dot products
+        ("znver4", "+avx512f,+avx512vnni", True, True),  # K-quants take byte_gemm
+        ("x86-64-v2", "", False, False),  # SSE4.2 only: 128-bit vectors
     ],
 )
-def test_the_gemm_follows_the_compile_target(cpu, features, enabled):
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        pytest.skip("x86-64 CPU names: this host compiles for another architecture")
+def test_the_gemm_follows_the_compile_target(cpu, features, enabled, bytes_enabled):
     env = dict(os.environ, NUMBA_CPU_NAME=cpu, NUMBA_CPU_FEATURES=features)
     proc = subprocess.run(
         [sys.executable, "-c", TARGET_RUN], env=env, capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() == str(enabled)
+    assert proc.stdout.split() == [str(enabled), str(bytes_enabled)]
+    units = [kernels.get_unit(t) for t in KQUANTS]
+    if byte_gemm.ENABLED:  # this host's K-quants
+        assert all(u.matmul_int8.kernel.py_func.__name__.endswith("_bytes") for u in units)
+
+
+@on_x86
+@pytest.mark.skipif("+avx2" not in target_features(), reason="the host cannot run AVX2 code")
+def test_k_quants_16_bit_gemm_on_a_target_without_byte_dot_products():
+    # Where the target has no byte dot product (AVX2: x86-64-v3), the K-quants take int8_gemm's
+    # 16-bit path: the exact-math test above, compiled for that target in its own process
+    env = dict(os.environ, NUMBA_CPU_NAME="x86-64-v3", NUMBA_CPU_FEATURES="")
+    test = "test_int8_gemm_is_exact_math_on_rounded_activations and _K"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", test],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert f"{len(KQUANTS)} passed" in proc.stdout

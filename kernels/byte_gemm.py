@@ -1,0 +1,157 @@
+"""The K-quants' int8 GEMM where the compile target has AVX-512 VNNI: unsigned weight bytes times
+int8 activations, four products summed per 32-bit lane in one instruction (vpdpbusd: 64
+products, against 32 for int8_gemm's 16-bit multiply-adds), each sub-block's scale applied in
+float once per super-block.
+
+The 256 values of a super-block are 16 sub-blocks of 16 (a K-quant's finest scale), and weights
+and activations both hold them in lane order (byte_position): four steps of 64 bytes, 32-bit
+lane j of each step holding 4 values of sub-block j. Four vpdpbusd leave each sub-block's integer
+sum of q * xq in its own lane, and
+
+    y = sum over super-blocks b and their sub-blocks j of
+        (sum over j of q * xq) * dx[b] * ws[b, j]  +  wm[b, j] * xs[b, j]
+
+with ws = d * sc_j, wm = -dmin * m_j - offset * d * sc_j (kquant_dot.super_block_byte_unpacker),
+dx the activation block's scale and xs = dx * the sum of sub-block j's xq (int8_gemm's
+quantize_activations: the same rounding as the 16-bit GEMM). Every output is its own chain of
+the same operations whatever tile computes it, and each activation row is rounded on its own:
+int8_gemm's row-wise contract holds here too.
+"""
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, prange
+from numba.extending import intrinsic
+
+from .int8_gemm import (
+    TILE_ROWS,
+    TileFrame,
+    products,
+    quantize_activations,
+    tile_literals,
+    tile_signature,
+    unpack_rows,
+)
+from .simd import (
+    _F32,
+    _I32,
+    VEC_LANES,
+    _splat,
+    _vec,
+    _vector_fma,
+    counted_loop,
+    target_features,
+)
+
+QK = 256  # values per super-block
+SUBS = 16  # sub-blocks per super-block: one 32-bit lane of a 512-bit vector each
+STEP = 4 * SUBS  # bytes per vpdpbusd
+
+# Whether the K-quants' prompt rows take this GEMM rather than int8_gemm's: where the target
+# has 512-bit vectors (one lane per sub-block) and the byte dot-product instruction.
+ENABLED = VEC_LANES == SUBS and "+avx512vnni" in target_features()
+
+# Largest tile: BYTE_ROWS weight rows by BYTE_COLS activation rows; their integer sums and float
+# accumulators (two vectors a pair) and a vector per activation row fit AVX-512's 32 registers.
+BYTE_ROWS, BYTE_COLS = 4, 3
+
+
+def byte_position(value: int) -> int:
+    """Where a super-block's value `value` (0 to 255) lies in lane order: lane value // 16 of step
+    value % 16 // 4, its byte value % 4."""
+    sub, at = divmod(value, SUBS)
+    return STEP * (at // 4) + 4 * sub + at % 4
+
+
+LANE_ORDER = np.array([byte_position(v) for v in range(QK)], np.int64)
+
+
+@intrinsic
+def byte_tile(typingctx, rows, cols, block, min_groups, wb, xb, k, ws, dx, wm, xs, at, out):
+    """int8_gemm.int_tile's contract on lane-ordered bytes: for r < rows, c < cols (literals, 1
+    to BYTE_ROWS / BYTE_COLS), with at = (w row, x row, out, out step, first and end super-block)
+    in rows of wb (u8) / xb (int8) ([*, k], flattened) and elements of out:
+    out[out + r + c * step] (+)= the module docstring's y of weight row w + r and activation row
+    x + c over those super-blocks (block = QK, min_groups = SUBS; ws, wm: [*, k // QK * SUBS],
+    dx: [*, k // QK], xs: as ws, float32, flattened, the same rows); super-block 0 stores, a
+    later first super-block adds to out."""
+    lits = tile_literals(rows, cols, block, min_groups)
+    if lits is None:
+        return None
+    n_rows, n_cols, blk, groups = lits
+    if not (1 <= n_rows <= BYTE_ROWS and 1 <= n_cols <= BYTE_COLS and blk == QK and groups == SUBS):
+        return None
+
+    def codegen(context, builder, sig, args):
+        frame = TileFrame(context, builder, sig, args)
+        k = frame.k
+        nb = builder.sdiv(k, ir.Constant(k.type, QK))
+        lanes = builder.mul(nb, ir.Constant(k.type, SUBS))
+        w0, x0 = frame.rows("wq", n_rows, k), frame.rows("xq", n_cols, k)
+        ws0, wm0 = frame.rows("sw", n_rows, lanes), frame.rows("fm", n_rows, lanes)
+        dx0, xs0 = frame.rows("dx", n_cols, nb), frame.rows("sx", n_cols, lanes)
+        ivec, fvec = _vec(_I32, SUBS), _vec(_F32, SUBS)
+        dot = builder.module.declare_intrinsic(
+            "llvm.x86.avx512.vpdpbusd.512", fnty=ir.FunctionType(ivec, [ivec, ivec, ivec])
+        )
+        fma = _vector_fma(builder, SUBS)
+        pairs = [(r, c) for r in range(n_rows) for c in range(n_cols)]
+        zero = ir.Constant(fvec, [0.0] * SUBS)
+        b, accs, close = counted_loop(builder, "byte", frame.b_lo, frame.b_hi, [zero] * len(pairs))
+        first = builder.mul(b, ir.Constant(k.type, QK))
+
+        def vector(ptr, at, t):
+            return builder.load(builder.bitcast(builder.gep(ptr, [at]), t.as_pointer()), align=4)
+
+        sums = {pair: ir.Constant(ivec, [0] * SUBS) for pair in pairs}
+        for s in range(QK // STEP):
+            at_s = builder.add(first, ir.Constant(k.type, s * STEP))
+            xv = [vector(p, at_s, ivec) for p in x0]
+            for r, p in enumerate(w0):
+                wv = vector(p, at_s, ivec)
+                for c in range(n_cols):
+                    sums[r, c] = builder.call(dot, [sums[r, c], wv, xv[c]])
+        sub = builder.mul(b, ir.Constant(k.type, SUBS))
+        scales = [vector(p, sub, fvec) for p in ws0]
+        minimums = [vector(p, sub, fvec) for p in wm0]
+        x_scales = [_splat(builder, builder.load(builder.gep(p, [b])), SUBS) for p in dx0]
+        x_sums = [vector(p, sub, fvec) for p in xs0]
+        new = []
+        for (r, c), acc in zip(pairs, accs, strict=True):
+            scale = builder.fmul(scales[r], x_scales[c])
+            acc = builder.call(fma, [builder.sitofp(sums[r, c], fvec), scale, acc])
+            new.append(builder.call(fma, [minimums[r], x_sums[c], acc]))
+        close(new)
+        frame.store(fma, pairs, accs)
+        return context.get_dummy_value()
+
+    return tile_signature(rows, cols, block, min_groups, wb, xb, ws, dx, wm, xs, out), codegen
+
+
+# x: [n, k] -> (xb int8[n, k] in lane order, dx float32[n, k // QK], xs float32[n, k // 16]):
+# int8_gemm.quantize_activations' rounding and sums, the values moved to lane order
+@njit(cache=True, inline="always")
+def quantize_bytes(x):
+    n, k = x.shape
+    xq, dx, xs = quantize_activations(x, QK, SUBS)
+    xb = np.empty((n, k), np.int8)
+    for t in prange(n):
+        for v in range(k):
+            at = v % QK
+            xb[t, v - at + LANE_ORDER[at]] = xq[t, v]
+    return xb, dx, xs
+
+
+# int8_gemm.int8_matmul for a K-quant on this GEMM; unpack: its super-block's
+# (kquant_dot.super_block_byte_unpacker)
+@njit(cache=True, inline="always")
+def byte_matmul(unpack, flat, starts, ends, halves, x, out, block_bytes):
+    k = x.shape[1]
+    acts = quantize_bytes(x)
+    last = ends[ends.shape[0] - 1]
+    for g in prange((last + TILE_ROWS - 1) // TILE_ROWS):
+        r0 = g * TILE_ROWS
+        m = min(TILE_ROWS, last - r0)
+        layout = (QK, block_bytes, SUBS, SUBS)
+        weights = unpack_rows(unpack, flat, starts, ends, halves, r0, m, k, layout, np.uint8)
+        products(byte_tile, BYTE_ROWS, BYTE_COLS, weights, m, acts, k, QK, SUBS, out, r0)
