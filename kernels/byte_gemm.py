@@ -1,21 +1,23 @@
-"""The K-quants' int8 GEMM where the compile target has AVX-512 VNNI: unsigned weight bytes times
-int8 activations, four products summed per 32-bit lane in one instruction (vpdpbusd: 64
-products, against 32 for int8_gemm's 16-bit multiply-adds), each sub-block's scale applied in
-float once per super-block.
+"""The int8 GEMM where the compile target has AVX-512 VNNI: unsigned weight bytes times int8
+activations, four products summed per 32-bit lane in one instruction (vpdpbusd: 64 products,
+against 32 for int8_gemm's 16-bit multiply-adds), each 16-value sub-block's scale applied in
+float once per 256 values.
 
-The 256 values of a super-block are 16 sub-blocks of 16 (a K-quant's finest scale), and weights
-and activations both hold them in lane order (byte_position): four steps of 64 bytes, 32-bit
-lane j of each step holding 4 values of sub-block j. Four vpdpbusd leave each sub-block's integer
-sum of q * xq in its own lane, and
+Rows are cut into super-blocks of 256 values (a K-quant's own; eight legacy blocks), each 16
+sub-blocks of 16 (a K-quant's finest scale; half a legacy block), and weights and activations
+both hold them in lane order (byte_position): four steps of 64 bytes, 32-bit lane j of each step
+holding 4 values of sub-block j. Four vpdpbusd leave each sub-block's integer sum of q * xq in
+its own lane, and
 
-    y = sum over super-blocks b and their sub-blocks j of
-        (sum over j of q * xq) * dx[b] * ws[b, j]  +  wm[b, j] * xs[b, j]
+    y = sum over sub-blocks j of  (sum over j of q * xq) * dx[j] * ws[j]  +  wm[j] * xs[j]
 
-with ws = d * sc_j, wm = -dmin * m_j - offset * d * sc_j (kquant_dot.super_block_byte_unpacker),
-dx the activation block's scale and xs = dx * the sum of sub-block j's xq (int8_gemm's
-quantize_activations: the same rounding as the 16-bit GEMM). Every output is its own chain of
-the same operations whatever tile computes it, and each activation row is rounded on its own:
-int8_gemm's row-wise contract holds here too.
+with ws[j] the weight's scale there (d * sc_j; a legacy block's d), wm[j] what multiplies the
+sub-block's sum of x (-dmin * m_j - offset * d * sc_j; a legacy block's m or -offset * d: Q8_0's
+q are stored plus 128), dx[j] the activation block's scale and xs[j] = dx[j] * the sub-block's
+sum of xq (int8_gemm's quantize_activations, in blocks of the weight type's: the same rounding
+as the 16-bit GEMM). Every output is its own chain of the same operations whatever tile
+computes it, and each activation row is rounded on its own: int8_gemm's row-wise contract holds
+here too.
 """
 
 import numpy as np
@@ -36,7 +38,6 @@ from .simd import (
     _F32,
     _I32,
     VEC_LANES,
-    _splat,
     _vec,
     _vector_fma,
     counted_loop,
@@ -47,7 +48,7 @@ QK = 256  # values per super-block
 SUBS = 16  # sub-blocks per super-block: one 32-bit lane of a 512-bit vector each
 STEP = 4 * SUBS  # bytes per vpdpbusd
 
-# Whether the K-quants' prompt rows take this GEMM rather than int8_gemm's: where the target
+# Whether the quantized types' int8 GEMM is this one rather than int8_gemm's: where the target
 # has 512-bit vectors (one lane per sub-block) and the byte dot-product instruction.
 ENABLED = VEC_LANES == SUBS and "+avx512vnni" in target_features()
 
@@ -70,10 +71,10 @@ LANE_ORDER = np.array([byte_position(v) for v in range(QK)], np.int64)
 def byte_tile(typingctx, rows, cols, block, min_groups, wb, xb, k, ws, dx, wm, xs, at, out):
     """int8_gemm.int_tile's contract on lane-ordered bytes: for r < rows, c < cols (literals, 1
     to BYTE_ROWS / BYTE_COLS), with at = (w row, x row, out, out step, first and end super-block)
-    in rows of wb (u8) / xb (int8) ([*, k], flattened) and elements of out:
+    in rows of wb (u8) / xb (int8) ([*, k], flattened; k a multiple of QK) and elements of out:
     out[out + r + c * step] (+)= the module docstring's y of weight row w + r and activation row
-    x + c over those super-blocks (block = QK, min_groups = SUBS; ws, wm: [*, k // QK * SUBS],
-    dx: [*, k // QK], xs: as ws, float32, flattened, the same rows); super-block 0 stores, a
+    x + c over those super-blocks (block = QK, min_groups = SUBS; ws, wm, dx, xs: float32
+    [*, k // SUBS], flattened, the same rows, one value a sub-block); super-block 0 stores, a
     later first super-block adds to out."""
     lits = tile_literals(rows, cols, block, min_groups)
     if lits is None:
@@ -85,11 +86,10 @@ def byte_tile(typingctx, rows, cols, block, min_groups, wb, xb, k, ws, dx, wm, x
     def codegen(context, builder, sig, args):
         frame = TileFrame(context, builder, sig, args)
         k = frame.k
-        nb = builder.sdiv(k, ir.Constant(k.type, QK))
-        lanes = builder.mul(nb, ir.Constant(k.type, SUBS))
+        lanes = builder.sdiv(k, ir.Constant(k.type, SUBS))
         w0, x0 = frame.rows("wq", n_rows, k), frame.rows("xq", n_cols, k)
         ws0, wm0 = frame.rows("sw", n_rows, lanes), frame.rows("fm", n_rows, lanes)
-        dx0, xs0 = frame.rows("dx", n_cols, nb), frame.rows("sx", n_cols, lanes)
+        dx0, xs0 = frame.rows("dx", n_cols, lanes), frame.rows("sx", n_cols, lanes)
         ivec, fvec = _vec(_I32, SUBS), _vec(_F32, SUBS)
         dot = builder.module.declare_intrinsic(
             "llvm.x86.avx512.vpdpbusd.512", fnty=ir.FunctionType(ivec, [ivec, ivec, ivec])
@@ -114,7 +114,7 @@ def byte_tile(typingctx, rows, cols, block, min_groups, wb, xb, k, ws, dx, wm, x
         sub = builder.mul(b, ir.Constant(k.type, SUBS))
         scales = [vector(p, sub, fvec) for p in ws0]
         minimums = [vector(p, sub, fvec) for p in wm0]
-        x_scales = [_splat(builder, builder.load(builder.gep(p, [b])), SUBS) for p in dx0]
+        x_scales = [vector(p, sub, fvec) for p in dx0]
         x_sums = [vector(p, sub, fvec) for p in xs0]
         new = []
         for (r, c), acc in zip(pairs, accs, strict=True):
@@ -128,30 +128,39 @@ def byte_tile(typingctx, rows, cols, block, min_groups, wb, xb, k, ws, dx, wm, x
     return tile_signature(rows, cols, block, min_groups, wb, xb, ws, dx, wm, xs, out), codegen
 
 
-# x: [n, k] -> (xb int8[n, k] in lane order, dx float32[n, k // QK], xs float32[n, k // 16]):
-# int8_gemm.quantize_activations' rounding and sums, the values moved to lane order
+# x: [n, k] -> (xb int8[n, kp] in lane order, dx, xs float32[n, kp // SUBS]): int8_gemm's
+# quantize_activations' rounding (blocks of `block`: 32 or QK) and sums, the values moved to lane
+# order, a sub-block's scale and scaled sum per lane; zeros past k, to kp (a multiple of QK)
 @njit(cache=True, inline="always")
-def quantize_bytes(x):
+def quantize_bytes(x, block, kp):
     n, k = x.shape
-    xq, dx, xs = quantize_activations(x, QK, SUBS)
-    xb = np.empty((n, k), np.int8)
+    xq, dx, sums = quantize_activations(x, block, block // SUBS)
+    xb = np.zeros((n, kp), np.int8)
+    dxl = np.zeros((n, kp // SUBS), np.float32)
+    xs = np.zeros((n, kp // SUBS), np.float32)
     for t in prange(n):
         for v in range(k):
             at = v % QK
             xb[t, v - at + LANE_ORDER[at]] = xq[t, v]
-    return xb, dx, xs
+        for j in range(k // SUBS):
+            dxl[t, j] = dx[t, j * SUBS // block]
+            xs[t, j] = sums[t, j]
+    return xb, dxl, xs
 
 
-# int8_gemm.int8_matmul for a K-quant on this GEMM; unpack: its super-block's
-# (kquant_dot.super_block_byte_unpacker)
+# int8_gemm.int8_matmul on this GEMM, for any quantized type's blocks of `block` values (the
+# activations rounded in blocks of as many); unpack: its block's (kquant_dot.
+# super_block_byte_unpacker, legacy.block_byte_unpacker). Rows shorter than a multiple of QK
+# are zero-padded to one.
 @njit(cache=True, inline="always")
-def byte_matmul(unpack, flat, starts, ends, halves, x, out, block_bytes):
+def byte_matmul(unpack, flat, starts, ends, halves, x, out, block, block_bytes):
     k = x.shape[1]
-    acts = quantize_bytes(x)
+    kp = (k + QK - 1) // QK * QK
+    acts = quantize_bytes(x, block, kp)
     last = ends[ends.shape[0] - 1]
     for g in prange((last + TILE_ROWS - 1) // TILE_ROWS):
         r0 = g * TILE_ROWS
         m = min(TILE_ROWS, last - r0)
-        layout = (QK, block_bytes, SUBS, SUBS)
-        weights = unpack_rows(unpack, flat, starts, ends, halves, r0, m, k, layout, np.uint8)
-        products(byte_tile, BYTE_ROWS, BYTE_COLS, weights, m, acts, k, QK, SUBS, out, r0)
+        layout = (block, block_bytes, block // SUBS, block // SUBS)
+        weights = unpack_rows(unpack, flat, starts, ends, halves, r0, m, k, layout, np.uint8, kp)
+        products(byte_tile, BYTE_ROWS, BYTE_COLS, weights, m, acts, kp, QK, SUBS, out, r0)

@@ -321,32 +321,40 @@ def int8_matmul(unpack, flat, starts, ends, halves, x, out, block, block_bytes, 
         r0 = g * TILE_ROWS
         m = min(TILE_ROWS, last - r0)
         layout = (block, block_bytes, 1, min_groups)
-        weights = unpack_rows(unpack, flat, starts, ends, halves, r0, m, k, layout, np.int16)
+        weights = unpack_rows(unpack, flat, starts, ends, halves, r0, m, k, layout, np.int16, k)
         products(int_tile, rows, INT_COLS, weights, m, acts, k, block, min_groups, out, r0)
 
 
-# -> (wq, sw, fm): rows r0 to r0 + m - 1 of the weights (see int8_matmul) unpacked, their blocks'
-# values wq[m * k] (q_type), their scales sw[m * blocks * scales] and minimums fm[m * blocks *
-# min_groups] (layout = (block, block_bytes, scales, min_groups)). The rows
-# PREFETCH_ROWS_AHEAD ahead are hinted meanwhile, line by line.
+# -> (wq, sw, fm): rows r0 to r0 + m - 1 of the weights (see int8_matmul) unpacked, stride
+# values apart (k, or more: the values past k zeros), their blocks' values wq[m * stride]
+# (q_type), scales sw and minimums fm, `scales` and min_groups a block, as many apart (layout =
+# (block, block_bytes, scales, min_groups)). The rows PREFETCH_ROWS_AHEAD ahead are hinted
+# meanwhile, line by line.
 @njit(cache=True, inline="always")
-def unpack_rows(unpack, flat, starts, ends, halves, r0, m, k, layout, q_type):
+def unpack_rows(unpack, flat, starts, ends, halves, r0, m, k, layout, q_type, stride):
     block, block_bytes, scales, min_groups = layout
     nb = k // block
     last = ends[ends.shape[0] - 1]
     row_bytes = nb * block_bytes
-    wq = np.empty(m * k, q_type)
-    sw = np.empty(m * nb * scales, np.float32)
-    fm = np.empty(m * nb * min_groups, np.float32)
+    blocks = m * stride // block
+    if stride == k:
+        wq = np.empty(m * stride, q_type)
+        sw = np.empty(blocks * scales, np.float32)
+        fm = np.empty(blocks * min_groups, np.float32)
+    else:
+        wq = np.zeros(m * stride, q_type)
+        sw = np.zeros(blocks * scales, np.float32)
+        fm = np.zeros(blocks * min_groups, np.float32)
     for i in range(m):
         at = row_offset(starts, ends, r0 + i, row_bytes)
         ahead = row_offset(starts, ends, min(r0 + i + PREFETCH_ROWS_AHEAD, last - 1), row_bytes)
         for line in range(0, row_bytes, LINE):
             prefetch(flat, ahead + line)
         for b in range(nb):
-            j = i * nb + b
-            sw_at, fm_at = j * scales, j * min_groups
-            unpack(flat, at + b * block_bytes, halves, wq, j * block, sw, sw_at, fm, fm_at)
+            wq_at = i * stride + b * block
+            j = wq_at // block
+            off = at + b * block_bytes
+            unpack(flat, off, halves, wq, wq_at, sw, j * scales, fm, j * min_groups)
     return wq, sw, fm
 
 

@@ -19,6 +19,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
+from .byte_gemm import QK, byte_position
 from .simd import (
     _I8,
     _I16,
@@ -61,6 +62,18 @@ def _quants(builder, block: Block, at):
     if block.bits == 5:
         return _fifth_bits(builder, at(block.qs_at), at(block.qh_at))
     return _load(builder, at(block.qs_at), _vec(_I8, 32))
+
+
+def _block_access(context, builder, w_type, w, off, halves_type, halves):
+    # -> (at(k): a pointer to byte k of the block at w[off:], half(k): the float16 there, read
+    # through halves, floatbits.HALF_TABLE)
+    def at(k):
+        return _ptr(context, builder, w_type, w, builder.add(off, ir.Constant(off.type, k)))
+
+    def half(k):
+        return _read_half(context, builder, at(k), halves_type, halves)
+
+    return at, half
 
 
 def block_dequantizer(block: Block):
@@ -108,12 +121,7 @@ def block_dot(block: Block):
         def codegen(context, builder, sig, args):
             acc, w, off, x, xs, b, dx, halves, one = args
 
-            def at(k):
-                k = ir.Constant(off.type, k)
-                return _ptr(context, builder, sig.args[1], w, builder.add(off, k))
-
-            def half(k):
-                return _read_half(context, builder, at(k), sig.args[7], halves)
+            at, half = _block_access(context, builder, sig.args[1], w, off, sig.args[7], halves)
 
             def x_sum():
                 return builder.load(_ptr(context, builder, sig.args[4], xs, b))
@@ -151,13 +159,7 @@ def block_unpacker(block: Block):
         def codegen(context, builder, sig, args):
             w, off, halves, wq, wq_at, sw, sw_at, fm, fm_at = args
 
-            def at(k):
-                return _ptr(
-                    context, builder, sig.args[0], w, builder.add(off, ir.Constant(off.type, k))
-                )
-
-            def half(k):
-                return _read_half(context, builder, at(k), sig.args[2], halves)
+            at, half = _block_access(context, builder, sig.args[0], w, off, sig.args[2], halves)
 
             wide = _vec(_I16, BLOCK)
             q = _quants(builder, block, at)
@@ -172,6 +174,53 @@ def block_unpacker(block: Block):
             return context.get_dummy_value()
 
         return types.void(w, off, halves, wq, wq_at, sw, sw_at, fm, fm_at), codegen
+
+    return unpack
+
+
+def block_byte_unpacker(block: Block):
+    """-> intrinsic unpack(w, off, halves, wb, wb_at, ws, ws_at, wm, wm_at), the byte GEMM's
+    unpacking (byte_gemm.byte_matmul) of the block at w[off:], whose values start at wb_at in
+    natural order (a multiple of 32): its q as unsigned bytes (Q8_0's plus 128) in byte_gemm's
+    lane order, and for its two 16-value sub-blocks ws[ws_at:][:2] = d and wm[wm_at:][:2] = m,
+    or -offset * d (offset 128 for Q8_0; halves: floatbits.HALF_TABLE)."""
+
+    @intrinsic
+    def unpack(typingctx, w, off, halves, wb, wb_at, ws, ws_at, wm, wm_at):
+        def codegen(context, builder, sig, args):
+            w, off, halves, wb, wb_at, ws, ws_at, wm, wm_at = args
+
+            at, half = _block_access(context, builder, sig.args[0], w, off, sig.args[2], halves)
+
+            def const(value):
+                return ir.Constant(wb_at.type, value)
+
+            q = _quants(builder, block, at)
+            offset = block.offset
+            if block.bits == 8:  # signed: flip the sign bit, q + 128
+                q = builder.xor(q, _splat(builder, ir.Constant(_I8, 0x80), BLOCK))
+                offset = 128
+            # the block's first lane: its super-block's bytes, lane (wb_at mod QK) / 16
+            within = builder.srem(wb_at, const(QK))
+            first = builder.add(builder.sub(wb_at, within), builder.sdiv(within, const(4)))
+            words = builder.bitcast(q, _vec(_I32, BLOCK // 4))
+            for i in range(BLOCK // 4):  # word i: values 4 i on, sub-block i // 4, step i % 4
+                o = builder.add(first, const(byte_position(4 * i)))
+                ptr = builder.bitcast(_ptr(context, builder, sig.args[3], wb, o), _I32.as_pointer())
+                builder.store(builder.extract_element(words, ir.Constant(_I32, i)), ptr, align=1)
+            d = half(0)
+            m = (
+                half(block.min_at)
+                if block.min_at
+                else builder.fmul(d, ir.Constant(d.type, -offset))
+            )
+            for array, arg, at_, value in ((ws, 5, ws_at, d), (wm, 7, wm_at, m)):
+                pair = _splat(builder, value, 2)
+                ptr = _ptr(context, builder, sig.args[arg], array, at_)
+                builder.store(pair, builder.bitcast(ptr, pair.type.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return types.void(w, off, halves, wb, wb_at, ws, ws_at, wm, wm_at), codegen
 
     return unpack
 
@@ -192,10 +241,13 @@ def legacy_unit(qtype: GGMLQuantizationType, block: Block, small_n_max: int):
     row = jit_copy(_dequantize_row, f"{qtype.name.lower()}_row", row_globals)
     # 8-bit q: 16-bit products, and neither offset nor min to fold out with sums
     acts = (0, np.int16) if block.bits == 8 else (BLOCK, np.int8)
-    # One float scaling per 32 weights holds the GEMM to the float row tiles' speed (Q8_0, Q4_0,
-    # Q5_0: 1.0x a core on Zen 3's AVX2), or below it with a min (Q4_1, Q5_1: 0.6-0.8x): their
-    # prompt rows stay float, but for Q8_0's, which took its fused int8 kernel (1.05-1.2x slower)
+    # Prompt rows take the int8 GEMM for Q8_0 only, whose rows took its fused int8 kernel before
+    # (1.05-1.2x slower); the 4- and 5-bit types keep float prompt rows in every mode. On AVX2
+    # the 16-bit GEMM's float scaling per 32 weights holds it to the float row tiles' speed
+    # (Q8_0, Q4_0, Q5_0: 1.0x a core on Zen 3), or below (Q4_1, Q5_1: 0.6-0.8x); the byte GEMM
+    # runs Q8_0 at 1.7x them (AVX-512 VNNI, Zen 4, 2 threads, n = 512).
     int8 = dict(unpack=block_unpacker(block), min_groups=1 if block.min_at else 0)
+    int8.update(unpack_bytes=block_byte_unpacker(block))
     int8.update(int8_faster=block.bits == 8)
     return build(qtype, row, block_dot(block), *acts, small_n_max=small_n_max, **int8)
 

@@ -56,7 +56,7 @@ def _matmul_int8(flat, starts, ends, halves, x, out):
 
 # as _matmul_int8, on the K-quants' byte GEMM
 def _matmul_bytes(flat, starts, ends, halves, x, out):
-    byte_matmul(UNPACK, flat, starts, ends, halves, x, out, TYPE_SIZE)
+    byte_matmul(UNPACK, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE)
 
 
 def jit_copy(template: Callable, name: str, constants: dict, **options) -> Callable:
@@ -96,7 +96,7 @@ def build(
       x quantized to q_type blocks of the type's block size, summed per sum_group (see
       act_quant);
     unpack, min_groups: the block's unpacking for the int8 GEMM (see int8_gemm; None: none);
-    unpack_bytes: a K-quant super-block's for the byte GEMM (see byte_gemm), which replaces the
+    unpack_bytes: the block's unpacking for the byte GEMM (see byte_gemm), which replaces the
       int8 GEMM where the target enables it;
     fields: the other QuantType fields (small_n_max ...), or ones to use instead of the built
       kernels (F32's numpy and BLAS ones).

@@ -52,9 +52,11 @@ def test_int8_gemm_is_exact_math_on_rounded_activations(qtype):
     x_block = 256 if qtype in KQUANTS else 32
     # Random blocks, x of several scales: only float rounding of scales and sums may differ from
     # exact math (a relative 1e-6 of the sum of |products|; a wrong integer part is off by far more)
-    data = random_blocks(qtype, OUT * IN // block, rng)
-    x = (rng.standard_normal((N, IN)) * rng.uniform(0.1, 10, (N, 1))).astype(np.float32)
-    w = gguf_dequantize(data, qtype).reshape(OUT, IN).astype(np.float64)
+    # legacy rows one block past whole 256-value super-blocks: the byte GEMM's padding
+    k_in = IN if qtype in KQUANTS else IN + 32
+    data = random_blocks(qtype, OUT * k_in // block, rng)
+    x = (rng.standard_normal((N, k_in)) * rng.uniform(0.1, 10, (N, 1))).astype(np.float32)
+    w = gguf_dequantize(data, qtype).reshape(OUT, k_in).astype(np.float64)
     xr = rounded(x, x_block)
     got = int8_gemm_of(data, qtype, x, OUT)
     bound = np.abs(xr) @ np.abs(w).T
@@ -75,7 +77,7 @@ def test_int8_gemm_is_exact_math_on_rounded_activations(qtype):
 
 
 @needs_int8
-@pytest.mark.parametrize("qtype", (T.Q4_K, T.Q6_K), ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", (T.Q4_K, T.Q6_K, T.Q8_0), ids=lambda t: t.name)
 def test_int8_row_wise_rows_are_independent_of_the_batch(qtype):
     # the row-wise contract: a row's bits are the same alone, in any batch, at any thread count
     rng = np.random.default_rng(7)
@@ -164,7 +166,7 @@ on_x86 = pytest.mark.skipif(
     [
         ("x86-64-v3", "", True, False),  # AVX2: 16-bit multiply-adds in 256-bit vectors
         ("x86-64-v4", "+avx512f", True, False),  # AVX-512 without VNNI's byte dot products
-        ("znver4", "+avx512f,+avx512vnni", True, True),  # K-quants take byte_gemm
+        ("znver4", "+avx512f,+avx512vnni", True, True),  # byte_gemm
         ("x86-64-v2", "", False, False),  # SSE4.2 only: 128-bit vectors
     ],
 )
@@ -175,18 +177,19 @@ def test_the_gemm_follows_the_compile_target(cpu, features, enabled, bytes_enabl
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == [str(enabled), str(bytes_enabled)]
-    units = [kernels.get_unit(t) for t in KQUANTS]
-    if byte_gemm.ENABLED:  # this host's K-quants
+    units = [kernels.get_unit(t) for t in QUANTIZED]
+    if byte_gemm.ENABLED:  # this host's
         assert all(u.matmul_int8.kernel.py_func.__name__.endswith("_bytes") for u in units)
 
 
-@on_x86
 @pytest.mark.skipif("+avx2" not in target_features(), reason="the host cannot run AVX2 code")
-def test_k_quants_16_bit_gemm_on_a_target_without_byte_dot_products():
-    # Where the target has no byte dot product (AVX2: x86-64-v3), the K-quants take int8_gemm's
-    # 16-bit path: the exact-math test above, compiled for that target in its own process
+@on_x86
+def test_the_16_bit_gemm_on_a_target_without_byte_dot_products():
+    # Where the target has no byte dot product (AVX2: x86-64-v3), every quantized type takes
+    # int8_gemm's 16-bit path: the exact-math test above, compiled for that target in its own
+    # process
     env = dict(os.environ, NUMBA_CPU_NAME="x86-64-v3", NUMBA_CPU_FEATURES="")
-    test = "test_int8_gemm_is_exact_math_on_rounded_activations and _K"
+    test = "test_int8_gemm_is_exact_math_on_rounded_activations"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", test],
         env=env,
@@ -195,4 +198,4 @@ def test_k_quants_16_bit_gemm_on_a_target_without_byte_dot_products():
         timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert f"{len(KQUANTS)} passed" in proc.stdout
+    assert f"{len(QUANTIZED)} passed" in proc.stdout
