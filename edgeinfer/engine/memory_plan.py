@@ -15,6 +15,8 @@ Activations (one layer at a time, buffers reused across layers), for a prefill c
 T = min(PREFILL_CHUNK, ctx) tokens in float32:
     T × (2·n_embd + q_dim + k_dim + v_dim + attn_out_dim + 2·n_ff) × 4   residual, norm,
         q/k/v, attention output, FFN gate and up (the activation is applied in place)
+  + T × max(n_embd, attn_out_dim, n_ff) × 4          the int8 GEMM's rounded copy of one
+        matmul's input (int16 values, their bytes in lane order, scales and sums per 16)
   + parallel × vocab × 4                             logits of the last position of each sequence
 Attention is computed tile by tile over chunks of at most 128 keys (scores of one chunk per
 thread), so no [T, ctx] score matrix exists.
@@ -32,8 +34,8 @@ from edgeinfer.gguf.model_config import ModelConfig
 from edgeinfer.gguf.reader import GGUFFile
 
 ACTIVATION_FORMULA = (
-    f"min({PREFILL_CHUNK}, ctx) x (2*n_embd + q_dim + k_dim + v_dim + attn_out_dim + 2*n_ff)"
-    " x 4 B + parallel x vocab x 4 B (logits)"
+    f"min({PREFILL_CHUNK}, ctx) x (2*n_embd + q_dim + k_dim + v_dim + attn_out_dim + 2*n_ff"
+    " + max(n_embd, attn_out_dim, n_ff)) x 4 B + parallel x vocab x 4 B (logits)"
 )
 
 
@@ -160,6 +162,7 @@ def step_bytes(cfg: ModelConfig, tokens: int, logit_rows: int) -> int:
     kv_dim = cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim)
     attn_out_dim = cfg.n_heads * cfg.v_head_dim
     per_token = 2 * cfg.n_embd + q_dim + kv_dim + attn_out_dim + 2 * cfg.n_ff
+    per_token += max(cfg.n_embd, attn_out_dim, cfg.n_ff)  # the int8 GEMM's input copy
     return tokens * per_token * 4 + logit_rows * cfg.vocab_size * 4
 
 
