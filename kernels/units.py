@@ -54,7 +54,7 @@ def _matmul_int8(flat, starts, ends, halves, x, out):
     int8_matmul(UNPACK, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE, MIN_GROUPS, INT_ROWS)
 
 
-# as _matmul_int8, on the K-quants' byte GEMM
+# as _matmul_int8, on byte_gemm's GEMM (where the target enables it)
 def _matmul_bytes(flat, starts, ends, halves, x, out):
     byte_matmul(UNPACK, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE)
 
