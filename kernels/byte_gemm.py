@@ -38,6 +38,7 @@ from .simd import (
     _F32,
     _I32,
     VEC_LANES,
+    _ptr,
     _vec,
     _vector_fma,
     counted_loop,
@@ -65,6 +66,18 @@ def byte_position(value: int) -> int:
 
 
 LANE_ORDER = np.array([byte_position(v) for v in range(QK)], np.int64)
+
+
+def store_in_lane_order(context, builder, array_type, array, first, q):
+    """Stores q (<n x i8>, n a multiple of 16: whole sub-blocks of a super-block's values) in
+    lane order into array (flat u8), at `first`: the byte where q's first value goes (the
+    super-block's start plus byte_position of that value)."""
+    count = q.type.count // 4
+    words = builder.bitcast(q, _vec(_I32, count))
+    for i in range(count):  # word i: values 4 i to 4 i + 3, byte_position(4 i) past the first
+        at = builder.add(first, ir.Constant(first.type, byte_position(4 * i)))
+        ptr = builder.bitcast(_ptr(context, builder, array_type, array, at), _I32.as_pointer())
+        builder.store(builder.extract_element(words, ir.Constant(_I32, i)), ptr, align=1)
 
 
 @intrinsic

@@ -19,7 +19,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .byte_gemm import byte_position
+from .byte_gemm import byte_position, store_in_lane_order
 from .simd import (
     _F32,
     _I8,
@@ -176,10 +176,15 @@ def _packed6(builder, b):
     return sc, mins
 
 
-def _half_times(context, builder, w_type, w, off, at, halves_type, halves, dx):
-    # the float16 at w[off + at], read through halves (floatbits.HALF_TABLE), times dx
+def _half_at(context, builder, w_type, w, off, at, halves_type, halves):
+    # the float16 at w[off + at], read through halves (floatbits.HALF_TABLE)
     ptr = _ptr(context, builder, w_type, w, builder.add(off, ir.Constant(off.type, at)))
-    return builder.fmul(_read_half(context, builder, ptr, halves_type, halves), dx)
+    return _read_half(context, builder, ptr, halves_type, halves)
+
+
+def _half_times(context, builder, w_type, w, off, at, halves_type, halves, dx):
+    # the float16 at w[off + at], read through halves, times dx
+    return builder.fmul(_half_at(context, builder, w_type, w, off, at, halves_type, halves), dx)
 
 
 def super_block_dot(layout: Layout):
@@ -272,8 +277,7 @@ def super_block_unpacker(layout: Layout):
                 builder.store(q, builder.bitcast(ptr, wide.as_pointer()), align=2)
 
             def half(at):
-                ptr = _ptr(context, builder, w_type, w, builder.add(off, ir.Constant(off.type, at)))
-                return _read_half(context, builder, ptr, halves_type, halves)
+                return _half_at(context, builder, w_type, w, off, at, halves_type, halves)
 
             builder.store(half(layout.d_at), _ptr(context, builder, sig.args[5], sw, sw_at))
             if groups:
@@ -305,17 +309,11 @@ def super_block_byte_unpacker(layout: Layout):
             sc, mins = _scales_and_mins(context, builder, layout, w_type, w, off)
             for g in range(GROUPS):
                 q = _group_q(context, builder, layout, w_type, w, off, g)
-                # 4-byte word i: the super-block's values GROUP * g + 4 i to 4 i + 3
-                words = builder.bitcast(q, _vec(_I32, GROUP // 4))
-                for i in range(GROUP // 4):
-                    at = ir.Constant(wb_at.type, byte_position(GROUP * g + 4 * i))
-                    ptr = _ptr(context, builder, sig.args[3], wb, builder.add(wb_at, at))
-                    word = builder.extract_element(words, ir.Constant(_I32, i))
-                    builder.store(word, builder.bitcast(ptr, _I32.as_pointer()), align=1)
+                first = builder.add(wb_at, ir.Constant(wb_at.type, byte_position(GROUP * g)))
+                store_in_lane_order(context, builder, sig.args[3], wb, first, q)
 
             def half(at):
-                ptr = _ptr(context, builder, w_type, w, builder.add(off, ir.Constant(off.type, at)))
-                return _read_half(context, builder, ptr, halves_type, halves)
+                return _half_at(context, builder, w_type, w, off, at, halves_type, halves)
 
             lanes = 2 * GROUPS
             d = _splat(builder, half(layout.d_at), lanes)

@@ -19,7 +19,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .byte_gemm import QK, byte_position
+from .byte_gemm import QK, store_in_lane_order
 from .simd import (
     _I8,
     _I16,
@@ -200,14 +200,11 @@ def block_byte_unpacker(block: Block):
             if block.bits == 8:  # signed: flip the sign bit, q + 128
                 q = builder.xor(q, _splat(builder, ir.Constant(_I8, 0x80), BLOCK))
                 offset = 128
-            # the block's first lane: its super-block's bytes, lane (wb_at mod QK) / 16
+            # the block's first value in lane order: its super-block's bytes, lane (wb_at mod QK)
+            # / 16, byte_position being linear in the lane
             within = builder.srem(wb_at, const(QK))
             first = builder.add(builder.sub(wb_at, within), builder.sdiv(within, const(4)))
-            words = builder.bitcast(q, _vec(_I32, BLOCK // 4))
-            for i in range(BLOCK // 4):  # word i: values 4 i on, sub-block i // 4, step i % 4
-                o = builder.add(first, const(byte_position(4 * i)))
-                ptr = builder.bitcast(_ptr(context, builder, sig.args[3], wb, o), _I32.as_pointer())
-                builder.store(builder.extract_element(words, ir.Constant(_I32, i)), ptr, align=1)
+            store_in_lane_order(context, builder, sig.args[3], wb, first, q)
             d = half(0)
             m = (
                 half(block.min_at)
