@@ -53,6 +53,11 @@ STEP = 4 * SUBS  # bytes per vpdpbusd
 # has 512-bit vectors (one lane per sub-block) and the byte dot-product instruction.
 ENABLED = VEC_LANES == SUBS and "+avx512vnni" in target_features()
 
+# The fewest rows for which this GEMM beats the K-quants' fused kernel (their small_n_max + 1):
+# a decode step of 3 rows unpacks each weight once for all of them, where the fused kernel unpacks
+# it for every row.
+BYTE_GEMM_FROM = 3
+
 # Largest tile: BYTE_ROWS weight rows by BYTE_COLS activation rows; their integer sums and float
 # accumulators (two vectors a pair) and a vector per activation row fit AVX-512's 32 registers.
 BYTE_ROWS, BYTE_COLS = 4, 3
@@ -78,6 +83,27 @@ def store_in_lane_order(context, builder, array_type, array, first, q):
         at = builder.add(first, ir.Constant(first.type, byte_position(4 * i)))
         ptr = builder.bitcast(_ptr(context, builder, array_type, array, at), _I32.as_pointer())
         builder.store(builder.extract_element(words, ir.Constant(_I32, i)), ptr, align=1)
+
+
+def lane_order_steps(builder, groups):
+    """groups: a super-block's values as 8 vectors of 32 (<32 x i8>, natural order) -> its 4
+    steps in lane order (<16 x i32>): lane j of step s holds values 16 j + 4 s to 16 j + 4 s + 3,
+    word s of its half-group, so each half of a step is one two-source word shuffle of 4 groups."""
+    words = [builder.bitcast(g, _vec(_I32, 8)) for g in groups]
+
+    def joined(a, b, idx):  # lanes idx of a's lanes then b's
+        idx = list(idx)
+        return builder.shuffle_vector(a, b, ir.Constant(_vec(_I32, len(idx)), idx))
+
+    quads = [
+        (joined(words[h], words[h + 1], range(16)), joined(words[h + 2], words[h + 3], range(16)))
+        for h in (0, 4)
+    ]
+    steps = []
+    for s in range(4):
+        low, high = (joined(a, b, range(s, 32, 4)) for a, b in quads)
+        steps.append(joined(low, high, range(16)))
+    return steps
 
 
 @intrinsic

@@ -19,7 +19,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from .byte_gemm import byte_position, store_in_lane_order
+from .byte_gemm import STEP, lane_order_steps
 from .simd import (
     _F32,
     _I8,
@@ -307,10 +307,15 @@ def super_block_byte_unpacker(layout: Layout):
             w, off, halves, wb, wb_at, ws, ws_at, wm, wm_at = args
             w_type, halves_type = sig.args[0], sig.args[2]
             sc, mins = _scales_and_mins(context, builder, layout, w_type, w, off)
-            for g in range(GROUPS):
-                q = _group_q(context, builder, layout, w_type, w, off, g)
-                first = builder.add(wb_at, ir.Constant(wb_at.type, byte_position(GROUP * g)))
-                store_in_lane_order(context, builder, sig.args[3], wb, first, q)
+            groups = [_group_q(context, builder, layout, w_type, w, off, g) for g in range(GROUPS)]
+            # whole steps, shuffled in registers: a store per word costs more than the products
+            # of a few activation rows
+            for s, step in enumerate(lane_order_steps(builder, groups)):
+                at = builder.add(wb_at, ir.Constant(wb_at.type, s * STEP))
+                ptr = builder.bitcast(
+                    _ptr(context, builder, sig.args[3], wb, at), step.type.as_pointer()
+                )
+                builder.store(step, ptr, align=1)
 
             def half(at):
                 return _half_at(context, builder, w_type, w, off, at, halves_type, halves)
