@@ -15,6 +15,8 @@ import numpy as np
 from gguf import GGMLQuantizationType
 from numba import njit
 
+from .byte_gemm import BYTE_GEMM_FROM
+from .byte_gemm import ENABLED as BYTE_GEMM_ENABLED
 from .floatbits import read_half
 from .kquant_dot import (
     GROUPS,
@@ -35,7 +37,11 @@ I32 = np.int32
 
 
 def kquant_unit(qtype: GGMLQuantizationType, dequantize_row, layout: Layout, small_n_max: int):
-    # small_n_max: where the row-tile kernel becomes faster
+    # small_n_max: where the row-tile kernel becomes faster (the 16-bit GEMM's too, Zen 3). The
+    # byte GEMM beats the fused kernel from 3 rows (0.57-0.74x its time at n = 3, 1.0-1.3x at
+    # n = 2; Q2_K ... Q6_K, Zen 4, 2 threads, [4096, 2048]): decode steps of more rows take it.
+    if BYTE_GEMM_ENABLED:
+        small_n_max = min(small_n_max, BYTE_GEMM_FROM - 1)
     dot = super_block_dot(layout)
     # int8_faster: 1.35-2.2x the float row tiles a core (Zen 3, n = 512); int8_rows: 1.2-2.3x
     # them at n = 13..64 as well (Zen 3, 2 threads, 64 MB weights)
