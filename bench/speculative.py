@@ -93,6 +93,15 @@ def llama_run(llama, conv: list[dict], max_tokens: int) -> dict:
     return {"decode_tok_s": (len(stamps) - 1) / span if span else None, "tokens": len(stamps)}
 
 
+def _rate(tok_s: float | None) -> str:
+    # None: a reply of one token or none (llama.cpp's chat template may end it at once)
+    return "n/a" if tok_s is None else f"{tok_s:.1f}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "n/a" if a is None or b is None else f"{a / b:.2f}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?", default=hub.DEFAULT_MODEL)
@@ -162,16 +171,15 @@ def main() -> None:
         report[name] = {"plain": a, "ngram": b, "llama": c, "llama_lookup": d, "same": same}
         for r in (a, b):
             del r["token_ids"]
+        rates = [r["decode_tok_s"] for r in (a, b, c, d)]
         show(
             name + ("" if same else " (differs)"),
-            f"{a['decode_tok_s']:.1f}",
-            f"{b['decode_tok_s']:.1f}",
-            f"{b['decode_tok_s'] / a['decode_tok_s']:.2f}",
+            *(_rate(r) for r in rates[:2]),
+            _ratio(rates[1], rates[0]),
             f"{b['acceptance'] or 0:.0%}",
-            f"{c['decode_tok_s']:.1f}",
-            f"{d['decode_tok_s']:.1f}",
-            f"{d['decode_tok_s'] / c['decode_tok_s']:.2f}",
-            f"{b['decode_tok_s'] / d['decode_tok_s']:.2f}",
+            *(_rate(r) for r in rates[2:]),
+            _ratio(rates[3], rates[2]),
+            _ratio(rates[1], rates[3]),
         )
     del ll_plain, ll_lookup
 
