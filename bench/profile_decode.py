@@ -101,7 +101,7 @@ def _instrumented(runner, clock: _Clock):
             else:  # units are frozen dataclasses; this swap is undone below
                 object.__setattr__(u, f, clock.wrap(COMPILED_MATMUL, fn))
         for lin in linears:  # decode calls go to kernels bound at load: bind the timed ones
-            lin.small = kernels.bind_stacked(lin.parts, lin.small_packed)
+            lin.small = kernels.bind_small(lin.parts)[0]
         for lin in all_linears:
             lin.row_wise = kernels.bind_row_wise(lin.parts)
         # types without a fused small-n kernel go through dequantize tiles + BLAS

@@ -4,6 +4,7 @@
     QuantWeight.from_raw(data, qtype, shape)   .shape (out, in) .qtype .nbytes .extra_nbytes
     matmul(x, w)      # x: float32[n, in], w: [out, in] -> float32[n, out]
     bind_stacked(parts, stack(parts))(x)   # several weights of one type, one launch
+    bind_small(parts) -> (f, n_max)   # fused small-n calls on parts of one or more types
     bind_row_wise(parts)(x)   # the same on matmul's row-wise path
     takes_int8_rows(unit)     # do n = small_n_max+1 .. rows_n_max take the int8 GEMM?
     embedding(w, ids) # w: [vocab, dim], ids: int[n] -> float32[n, dim]
@@ -29,6 +30,7 @@ import numpy as np  # noqa: E402
 from . import threads  # noqa: E402
 from .matmul import (  # noqa: E402
     bind_row_wise,
+    bind_small,
     bind_stacked,
     embedding,
     matmul,
@@ -62,6 +64,7 @@ __all__ = [
     "QuantWeight",
     "UnsupportedTypeError",
     "bind_row_wise",
+    "bind_small",
     "bind_stacked",
     "dequantize",
     "embedding",

@@ -11,7 +11,7 @@ from . import threads
 from .block_matmul import LINE, Fused, PartsKernel, row_offset
 from .int8_gemm import ENABLED as INT8_ENABLED
 from .simd import DOT_COLS, DOT_ROWS, dot_tile, prefetch
-from .weight import QuantWeight, stack_rows
+from .weight import QuantWeight, stack, stack_rows
 
 # Rows of W dequantized per BLAS call in the large-n path: a float32 tile of about this many bytes
 # stays in L2/L3 while BLAS streams x through it.
@@ -164,6 +164,33 @@ def bind_stacked(parts: list[QuantWeight], packed: tuple) -> Callable[[np.ndarra
     calls per layer, and the Python around a small call costs a tenth of it.
     """
     return _bound(parts, parts[0].unit.bind_small(packed), step=None)
+
+
+def bind_small(parts: list[QuantWeight]) -> tuple[Callable[[np.ndarray], np.ndarray], int] | None:
+    """-> (f, n_max): f(x), x: float32[n <= n_max, in] -> float32[n, sum of the parts' outs]
+    through the fused small-n kernels, one launch per run of consecutive parts that stack (Q and
+    K of one type, then a V of another, as Q4_K_M files mix them); n_max: the smallest of the
+    runs' small_n_max. None: a part without a fused kernel, or a run that does not stack.
+
+    A mixed run must not fall back to the GEMMs above small_n_max: at one row they take 1.5-1.9x
+    the fused kernel's time (K-quants, Zen 4)."""
+    runs = [[parts[0]]]
+    for p in parts[1:]:
+        if p.unit is runs[-1][0].unit and p.shape[1] == runs[-1][0].shape[1]:
+            runs[-1].append(p)
+        else:
+            runs.append([p])
+    calls, n_max = [], None
+    for run in runs:
+        unit = run[0].unit
+        packed = stack(run) if len(run) > 1 else run[0].packed
+        if unit.matmul_small is None or packed is None:
+            return None
+        calls.append(bind_stacked(run, packed))
+        n_max = unit.small_n_max if n_max is None else min(n_max, unit.small_n_max)
+    if len(calls) == 1:
+        return calls[0], n_max
+    return (lambda x: np.concatenate([call(x) for call in calls], axis=1)), n_max
 
 
 def _bound(parts: list[QuantWeight], kernel: Callable, step: int | None) -> Callable:

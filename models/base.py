@@ -73,14 +73,12 @@ class Linear:
         self.shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
         # Decode-sized calls go straight to the fused kernel, and row-wise calls (every engine
         # step) to the row-tile kernel, one weight or stacked parts alike (parts of one type
-        # that the file does not store back to back, Q, K, V, still share one kernel launch): a
-        # step makes about four per layer, and the general path's dispatch by n costs a third of
-        # a small call.
+        # that the file does not store back to back, Q, K, V, still share one kernel launch;
+        # parts of two types, one launch per type): a step makes about four per layer, and the
+        # general path's dispatch by n costs a third of a small call.
         unit = parts[0].unit
-        self.small_packed = kernels.stack(parts) if len(parts) > 1 else parts[0].packed
-        fused = unit.matmul_small is not None and self.small_packed is not None
-        self._small_n_max = unit.small_n_max if fused else -1
-        self.small = kernels.bind_stacked(parts, self.small_packed) if fused else None
+        small = kernels.bind_small(parts)
+        self.small, self._small_n_max = small if small is not None else (None, -1)
         self.row_wise = kernels.bind_row_wise(parts)
         self.row_int8 = kernels.bind_row_wise(parts, int8=True)
         # above small_n_max, up to rows_n_max: the int8 GEMM where kernels.matmul takes it

@@ -122,6 +122,40 @@ def test_stacked_weights_in_one_buffer_give_each_parts_own_rows(qtype):
             assert np.array_equal(got, want)
 
 
+def _random_weight(rng, qtype, rows, cols):
+    block, size = GGML_QUANT_SIZES[qtype]
+    blocks = rng.integers(0, 256, (rows * cols // block, size), np.uint8)
+    for off in SCALES[qtype]:  # sane float16 scales
+        h = (rng.standard_normal(blocks.shape[0]) * 0.01).astype(np.float16)
+        blocks[:, off : off + 2] = h.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(-1)
+
+
+def test_parts_of_two_types_take_the_fused_kernels_one_launch_per_type():
+    """Q and K in Q4_K, V in Q6_K (a Q4_K_M file's layers): a decode-sized call gives each
+    part's own fused-kernel rows, up to the smaller small_n_max; a part without a fused kernel
+    leaves no small-n path."""
+    rng = np.random.default_rng(5)
+    cols, outs = 512, (24, 8)
+    row_bytes = cols // 256 * GGML_QUANT_SIZES[T.Q4_K][1]
+    buf = _random_weight(rng, T.Q4_K, sum(outs), cols)
+    buf.flags.writeable = False
+    q = kernels.QuantWeight.from_raw(buf[: outs[0] * row_bytes], T.Q4_K, (outs[0], cols))
+    k = kernels.QuantWeight.from_raw(buf[outs[0] * row_bytes :], T.Q4_K, (outs[1], cols))
+    v = kernels.QuantWeight.from_raw(_random_weight(rng, T.Q6_K, 8, cols), T.Q6_K, (8, cols))
+    call, n_max = kernels.bind_small([q, k, v])
+    assert n_max == min(q.unit.small_n_max, v.unit.small_n_max)
+    for n in range(1, n_max + 1):
+        x = rng.standard_normal((n, cols), dtype=np.float32)
+        want = np.concatenate([kernels.matmul(x, p) for p in (q, k, v)], axis=1)
+        got = call(x)
+        assert got.shape == (n, 40) and np.isfinite(got).all()
+        assert np.array_equal(got, want)
+    half = np.zeros(8 * cols, np.float16).view(np.uint8)
+    other = kernels.QuantWeight.from_raw(half, T.F16, (8, cols))
+    assert other.unit.matmul_small is None and kernels.bind_small([q, other]) is None
+
+
 def test_float32_weights_in_one_buffer_share_one_row_wise_launch():
     # F32's small-n kernel is BLAS on its own layout (no stack), but its row-tile kernel reads
     # the file's bytes like the quantized units' do
