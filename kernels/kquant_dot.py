@@ -26,9 +26,11 @@ from .simd import (
     _I16,
     _I32,
     LANES,
+    VNNI_256,
     _activations,
     _add_to,
     _byte_pair_sums,
+    _byte_quad_sums,
     _load,
     _pair_sums,
     _pick,
@@ -37,6 +39,7 @@ from .simd import (
     _scaled,
     _splat,
     _vec,
+    _vnni,
 )
 
 GROUPS, GROUP = 8, 32  # 32-weight groups per super-block
@@ -201,15 +204,20 @@ def super_block_dot(layout: Layout):
 
             sc, mins = _scales_and_mins(context, builder, layout, w_type, w, off)
             group_scales = _word_group_scales if layout.scales == "signed6" else _group_scales
-            total = None
+            zero = ir.Constant(_vec(_I32, LANES), [0] * LANES)
+            total = zero
             for g in range(GROUPS):
                 q = _group_q(context, builder, layout, w_type, w, off, g)
                 xg = builder.add(xi, ir.Constant(xi.type, GROUP * g))
                 xv = _activations(context, builder, sig.args[3], x, xg)
+                if VNNI_256:  # a sum of 4 products a 32-bit lane, times its scale: 2 instructions
+                    quads = _byte_quad_sums(builder, zero, q, xv, one)
+                    total = _vnni(builder, "vpdpwssd", total, quads, _quad_scales(builder, sc, g))
+                    continue
                 part = _pair_sums(
                     builder, _byte_pair_sums(builder, q, xv, one), group_scales(builder, sc, g)
                 )
-                total = part if total is None else builder.add(total, part)
+                total = builder.add(total, part)
             if layout.offset or mins is not None:
                 sums = _load(builder, _ptr(context, builder, sig.args[4], xs, xsi), _vec(_I32, 16))
             if layout.offset:
@@ -241,6 +249,22 @@ def _group_scales(builder, sc, g):
     mask = [byte for i in scale_of_lane for byte in (i, 16 + i)]  # its low byte, its sign byte
     mask = ir.Constant(_vec(_I32, 32), mask)
     return builder.bitcast(builder.shuffle_vector(low, sign, mask), _vec(_I16, 16))
+
+
+def _quad_scales(builder, sc, g):
+    # sc: <16 x i16>, one scale per 16 weights -> <16 x i16> for a multiply-add of group g's
+    # <8 x i32> sums of 4 products (each fits 16 bits) taken as words: word 2j the scale of sum j
+    # (sub-block 2g + j // 4), word 2j + 1 zero, for the sum's upper word
+    low = builder.trunc(sc, _vec(_I8, 16))
+    sign = builder.ashr(low, _splat(builder, ir.Constant(_I8, 7), 16))
+    scales = builder.shuffle_vector(low, sign, ir.Constant(_vec(_I32, 32), list(range(32))))
+    zeros = ir.Constant(_vec(_I8, 32), [0] * 32)
+    mask = []
+    for j in range(8):
+        i = 2 * g + j // 4
+        mask += [i, 16 + i, 32, 32]  # the scale's low byte, its sign byte, a zero word
+    mask = ir.Constant(_vec(_I32, 32), mask)
+    return builder.bitcast(builder.shuffle_vector(scales, zeros, mask), _vec(_I16, 16))
 
 
 def _word_group_scales(builder, sc, g):

@@ -43,6 +43,11 @@ def _wide_vectors() -> bool:
     return "+avx512f" in target_features()
 
 
+# Byte dot products of 256-bit vectors in one instruction (vpdpbusd, vpdpwssd): AVX-512 VNNI with
+# 256-bit forms, or AVX-VNNI. The fused kernels use them directly where the target has them.
+VNNI_256 = {"+avx512vnni", "+avx512vl"} <= target_features() or "+avxvnni" in target_features()
+
+
 # VEC_LANES: floats per vector register of the compile target, the width of dot_tile's
 # accumulators and of the dequantizers' steps (the same bits at any width), and dot_tile's
 # largest shape (matmul._rows_by): DOT_ROWS * DOT_COLS accumulators plus a vector per activation
@@ -121,6 +126,26 @@ def _byte_pair_sums(builder, q, x, one):
     return builder.trunc(sums, _vec(_I16, 16))
 
 
+def _vnni(builder, name, acc, a, b):
+    # llvm.x86.avx512.<name>.256 (vpdpbusd, vpdpwssd): acc + sums of 4 byte / 2 word products
+    i32x8 = _vec(_I32, 8)
+    fn = builder.module.declare_intrinsic(
+        f"llvm.x86.avx512.{name}.256", fnty=ir.FunctionType(i32x8, [i32x8] * 3)
+    )
+    return builder.call(fn, [acc, builder.bitcast(a, i32x8), builder.bitcast(b, i32x8)])
+
+
+def _byte_quad_sums(builder, start, q, x, one):
+    # start: <8 x i32>, q: <32 x i8> unsigned < 64, x: <32 x i8> signed -> <8 x i32>, lane i =
+    # start[i] + the sum of q[4i + k] * x[4i + k] over k < 4: one vpdpbusd (VNNI_256), else the
+    # byte pair sums widened by a multiply-add by one (vpmaddwd, where a constant 1 would be
+    # folded into four shuffles and extensions)
+    if VNNI_256:
+        return _vnni(builder, "vpdpbusd", start, q, x)
+    ones = _splat(builder, builder.zext(one, _I16), 16)
+    return builder.add(start, _pair_sums(builder, _byte_pair_sums(builder, q, x, one), ones))
+
+
 def _scaled(builder, sums, scale):
     # <8 x i32> -> <8 x float> times scale
     as_float = builder.sitofp(sums, _vec(_F32, LANES))
@@ -178,13 +203,10 @@ def _fifth_bits(builder, ptr, hi_ptr):
 def _accumulate_bytes(context, builder, acc_type, acc, q, x, minus, scale, one):
     # q: <32 x i8> unsigned, x: <32 x i8> -> acc[0:8] += scale * partial sums of dot(q, x) -
     # minus (an int32, taken from lane 0: a weight offset times the block's activation sum,
-    # exact in the integers, where a float term per row cost a conversion and a register); the
-    # 16-bit pair sums are widened by a multiply-add by one (vpmaddwd, where a constant 1 would
-    # be folded into four shuffles and extensions)
-    ones = _splat(builder, builder.zext(one, _I16), 16)
-    sums = _pair_sums(builder, _byte_pair_sums(builder, q, x, one), ones)
+    # exact in the integers, where a float term per row cost a conversion and a register)
     zeros = ir.Constant(_vec(_I32, LANES), [0] * LANES)
-    sums = builder.sub(sums, builder.insert_element(zeros, minus, ir.Constant(_I32, 0)))
+    start = builder.insert_element(zeros, builder.neg(minus), ir.Constant(_I32, 0))
+    sums = _byte_quad_sums(builder, start, q, x, one)
     _add_to(context, builder, acc_type, acc, [_scaled(builder, sums, scale)])
 
 

@@ -146,7 +146,20 @@ def dot_tile_module(lanes: int) -> ir.Module:
     return mod
 
 
-def lowered_ops(module_ir: ir.Module, triple: str, optimize: bool) -> list[str]:
+def quad_sums_module() -> ir.Module:
+    """simd._byte_quad_sums on 32 unsigned bytes and 32 activations, stored."""
+    p8 = I8.as_pointer()
+    mod, (w, x, out, one), b = probe("quad_sums", [p8, p8, I32.as_pointer(), I8])
+    q = b.load(b.bitcast(w, V8_32.as_pointer()), align=1)
+    xv = b.load(b.bitcast(x, V8_32.as_pointer()), align=1)
+    start = ir.Constant(simd._vec(I32, 8), [0] * 8)
+    sums = simd._byte_quad_sums(b, start, q, xv, one)
+    b.store(sums, b.bitcast(out, sums.type.as_pointer()), align=4)
+    b.ret_void()
+    return mod
+
+
+def lowered_ops(module_ir: ir.Module, triple: str, optimize: bool, cpu: str = "") -> list[str]:
     """The instruction names of module_ir compiled for triple (after LLVM's -O3 passes, as Numba
     runs them, when optimize)."""
     for init in ("initialize_all_targets", "initialize_all_asmprinters"):
@@ -155,7 +168,7 @@ def lowered_ops(module_ir: ir.Module, triple: str, optimize: bool) -> list[str]:
         target = llvm.Target.from_triple(triple)
     except RuntimeError:
         pytest.skip(f"this llvmlite has no backend for {triple}")
-    machine = target.create_target_machine(cpu=TARGETS[triple][0], opt=3)
+    machine = target.create_target_machine(cpu=cpu or TARGETS[triple][0], opt=3)
     module = llvm.parse_assembly(str(module_ir))
     module.triple = triple
     module.data_layout = str(machine.target_data)
@@ -246,3 +259,16 @@ def test_dot_tile_is_fused_vector_code_on_every_target(triple, lanes):
     ops = lowered_ops(dot_tile_module(lanes), triple, optimize=True)
     assert no_library_call(ops), sorted(set(ops))
     assert any(op.startswith(("vfmadd", "fmla")) for op in ops), sorted(set(ops))
+
+
+@pytest.mark.parametrize("vnni", [False, True])
+def test_byte_quad_sums_take_one_vnni_instruction_where_the_target_has_it(monkeypatch, vnni):
+    # VNNI_256 is the compile target's (simd.target_features); here it is set for each case
+    monkeypatch.setattr(simd, "VNNI_256", vnni)
+    cpu = "znver4" if vnni else "x86-64-v3"
+    ops = lowered_ops(quad_sums_module(), "x86_64-unknown-linux-gnu", optimize=True, cpu=cpu)
+    assert no_library_call(ops), sorted(set(ops))
+    if vnni:
+        assert ops.count("vpdpbusd") == 1 and "vpmaddubsw" not in ops, ops
+    else:
+        assert ops.count("vpmaddubsw") == 1 and ops.count("vpmaddwd") == 1, ops
