@@ -7,8 +7,9 @@ scale d at byte 0, and what `Block` says of the rest.
 
 From a type's `Block`, the block's dequantizer and its dot product for the fused small-n kernel
 (`block_matmul`), built as LLVM IR from `simd`'s parts: x is quantized to int8 blocks of 32 with
-their sums (int16 blocks, no sums, for Q8_0), and a block's offset folds out of its integer dot
-product as offset * sum(xq), its min out of the float sum as m * dx * sum(xq).
+their sums (for Q8_0 without 256-bit VNNI: int16 blocks, no sums; see act_shape), and a block's
+offset folds out of its integer dot product as offset * sum(xq), its min out of the float sum as
+m * dx * sum(xq).
 """
 
 from typing import NamedTuple
@@ -24,6 +25,7 @@ from .simd import (
     _I8,
     _I16,
     _I32,
+    VNNI_256,
     _accumulate_bytes,
     _accumulate_dot,
     _activations,
@@ -130,12 +132,16 @@ def block_dot(block: Block):
             xi = builder.mul(b, ir.Constant(b.type, BLOCK))
             xv = _activations(context, builder, sig.args[3], x, xi)
             q = _quants(builder, block, at)
-            if block.bits == 8:
+            if block.bits == 8 and not VNNI_256:
                 _accumulate_dot(context, builder, sig.args[0], acc, q, xv, scale)
             else:
+                offset = block.offset
+                if block.bits == 8:  # signed q as unsigned q + 128: one vpdpbusd, see act_shape
+                    q = builder.xor(q, _splat(builder, ir.Constant(_I8, 0x80), 32))
+                    offset = 128
                 minus = ir.Constant(_I32, 0)
-                if block.offset:
-                    minus = builder.mul(x_sum(), ir.Constant(_I32, block.offset))
+                if offset:
+                    minus = builder.mul(x_sum(), ir.Constant(_I32, offset))
                 _accumulate_bytes(context, builder, sig.args[0], acc, q, xv, minus, scale, one)
             if not block.min_at:
                 return ir.Constant(ir.FloatType(), 0.0)
@@ -231,13 +237,22 @@ def _dequantize_row(raw, halves, out):
         DEQUANTIZE_BLOCK(raw, b * TYPE_SIZE, halves, out, b * BLOCK)
 
 
+def act_shape(block: Block) -> tuple:
+    """-> (sum_group, q_type) of the activations block_dot takes (see act_quant): int8 with
+    their sums per block; for 8-bit q, int16 and no sums (16-bit products, neither offset nor
+    min to fold out), except where one vpdpbusd takes the block (VNNI_256) as q + 128 times
+    the int8 activations, less 128 times their sum."""
+    if block.bits == 8 and not VNNI_256:
+        return 0, np.int16
+    return BLOCK, np.int8
+
+
 def legacy_unit(qtype: GGMLQuantizationType, block: Block, small_n_max: int):
     row_globals = dict(
         TYPE_SIZE=GGML_QUANT_SIZES[qtype][1], DEQUANTIZE_BLOCK=block_dequantizer(block)
     )
     row = jit_copy(_dequantize_row, f"{qtype.name.lower()}_row", row_globals)
-    # 8-bit q: 16-bit products, and neither offset nor min to fold out with sums
-    acts = (0, np.int16) if block.bits == 8 else (BLOCK, np.int8)
+    acts = act_shape(block)
     # Prompt rows take the int8 GEMM for Q8_0 only, whose rows took its fused int8 kernel before
     # (1.05-1.2x slower); the 4- and 5-bit types keep float prompt rows in every mode. On AVX2
     # the 16-bit GEMM's float scaling per 32 weights holds it to the float row tiles' speed
