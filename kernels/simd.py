@@ -136,10 +136,10 @@ def _vnni(builder, name, acc, a, b):
 
 
 def _byte_quad_sums(builder, start, q, x, one):
-    # start: <8 x i32>, q: <32 x i8> unsigned < 64, x: <32 x i8> signed -> <8 x i32>, lane i =
-    # start[i] + the sum of q[4i + k] * x[4i + k] over k < 4: one vpdpbusd (VNNI_256), else the
-    # byte pair sums widened by a multiply-add by one (vpmaddwd, where a constant 1 would be
-    # folded into four shuffles and extensions)
+    # start: <8 x i32>, q: <32 x i8> unsigned, x: <32 x i8> signed -> <8 x i32>, lane i =
+    # start[i] + the sum of q[4i + k] * x[4i + k] over k < 4: one vpdpbusd (VNNI_256; any q),
+    # else the byte pair sums (q < 64: see _byte_pair_sums) widened by a multiply-add by one
+    # (vpmaddwd, where a constant 1 would be folded into four shuffles and extensions)
     if VNNI_256:
         return _vnni(builder, "vpdpbusd", start, q, x)
     ones = _splat(builder, builder.zext(one, _I16), 16)
