@@ -241,9 +241,13 @@ def test_greedy_is_token_for_token_the_output_without_speculation(synth, mode):
 
 def test_speculation_is_off_for_a_request_that_asks_and_on_for_its_batch_mates(synth):
     phrase = np.random.default_rng(2).integers(300, 400, 12).tolist()
-    prompts = [phrase * 4, phrase * 3 + [9]]
-    on = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
-    off = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True, spec_k=0)
+    # one step computes both prompts (max_num_batched_tokens 64), so the batch's decode steps
+    # are the first request's steps alone, none of them beside a prompt chunk (no drafts there)
+    prompts = [phrase * 2, phrase * 2 + [9]]
+    # both replies copy the phrase (the random model's own would repeat no two tokens of it)
+    copy = dict(ignore_eos=True, logits_processors=[script_processor(phrase * 5, 50.0)])
+    on = SamplingParams(temperature=0, max_tokens=50, **copy)
+    off = SamplingParams(temperature=0, max_tokens=50, spec_k=0, **copy)
     base, _ = run(synth, prompts, on)
     knobs = dict(speculative="ngram", spec_k=6)
     got, both = run(synth, prompts, [on, off], **knobs)
