@@ -243,20 +243,24 @@ def _group_scales(builder, sc, g):
     # scale per 32 weights) costs a shift and a broadcast. A super-block's dot product, Zen 4:
     # Q4_K 0.8x the time, Q2_K 0.92x, Q5_K and Q6_K 0.95x; Q3_K 1.4x (its unpacking leaves no
     # registers for the permutes' index vectors: it keeps _word_group_scales)
-    low = builder.trunc(sc, _vec(_I8, 16))
-    sign = builder.ashr(low, _splat(builder, ir.Constant(_I8, 7), 16))
+    low, sign = _scale_bytes(builder, sc)
     scale_of_lane = [2 * g + lane // 8 for lane in range(16)]
     mask = [byte for i in scale_of_lane for byte in (i, 16 + i)]  # its low byte, its sign byte
     mask = ir.Constant(_vec(_I32, 32), mask)
     return builder.bitcast(builder.shuffle_vector(low, sign, mask), _vec(_I16, 16))
 
 
+def _scale_bytes(builder, sc):
+    # sc: <16 x i16>, each scale fits a byte -> (<16 x i8> its low bytes, <16 x i8> its sign bytes)
+    low = builder.trunc(sc, _vec(_I8, 16))
+    return low, builder.ashr(low, _splat(builder, ir.Constant(_I8, 7), 16))
+
+
 def _quad_scales(builder, sc, g):
     # sc: <16 x i16>, one scale per 16 weights -> <16 x i16> for a multiply-add of group g's
     # <8 x i32> sums of 4 products (each fits 16 bits) taken as words: word 2j the scale of sum j
     # (sub-block 2g + j // 4), word 2j + 1 zero, for the sum's upper word
-    low = builder.trunc(sc, _vec(_I8, 16))
-    sign = builder.ashr(low, _splat(builder, ir.Constant(_I8, 7), 16))
+    low, sign = _scale_bytes(builder, sc)
     scales = builder.shuffle_vector(low, sign, ir.Constant(_vec(_I32, 32), list(range(32))))
     zeros = ir.Constant(_vec(_I8, 32), [0] * 32)
     mask = []

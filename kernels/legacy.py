@@ -132,7 +132,7 @@ def block_dot(block: Block):
             xi = builder.mul(b, ir.Constant(b.type, BLOCK))
             xv = _activations(context, builder, sig.args[3], x, xi)
             q = _quants(builder, block, at)
-            if block.bits == 8 and not VNNI_256:
+            if _word_products(block):
                 _accumulate_dot(context, builder, sig.args[0], acc, q, xv, scale)
             else:
                 offset = block.offset
@@ -237,12 +237,17 @@ def _dequantize_row(raw, halves, out):
         DEQUANTIZE_BLOCK(raw, b * TYPE_SIZE, halves, out, b * BLOCK)
 
 
+def _word_products(block: Block) -> bool:
+    # 8-bit q times int16 activations (vpmaddwd), where no vpdpbusd takes the block as bytes
+    return block.bits == 8 and not VNNI_256
+
+
 def act_shape(block: Block) -> tuple:
     """-> (sum_group, q_type) of the activations block_dot takes (see act_quant): int8 with
     their sums per block; for 8-bit q, int16 and no sums (16-bit products, neither offset nor
     min to fold out), except where one vpdpbusd takes the block (VNNI_256) as q + 128 times
     the int8 activations, less 128 times their sum."""
-    if block.bits == 8 and not VNNI_256:
+    if _word_products(block):
         return 0, np.int16
     return BLOCK, np.int8
 

@@ -3,6 +3,7 @@ here from the units' row dequantizers) for batched decode and for every row of t
 path (the engine's steps), dequantized tiles + BLAS for large n."""
 
 from collections.abc import Callable
+from itertools import groupby
 
 import numpy as np
 from numba import njit, prange
@@ -174,14 +175,9 @@ def bind_small(parts: list[QuantWeight]) -> tuple[Callable[[np.ndarray], np.ndar
 
     A mixed run must not fall back to the GEMMs above small_n_max: at one row they take 1.5-1.9x
     the fused kernel's time (K-quants, Zen 4)."""
-    runs = [[parts[0]]]
-    for p in parts[1:]:
-        if p.unit is runs[-1][0].unit and p.shape[1] == runs[-1][0].shape[1]:
-            runs[-1].append(p)
-        else:
-            runs.append([p])
     calls, n_max = [], None
-    for run in runs:
+    for _, run in groupby(parts, key=lambda p: (id(p.unit), p.shape[1])):
+        run = list(run)
         unit = run[0].unit
         packed = stack(run) if len(run) > 1 else run[0].packed
         if unit.matmul_small is None or packed is None:

@@ -82,6 +82,15 @@ def test_quant_weight_stays_on_the_file_bytes():
 SCALES = {T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q8_0: (0,), T.Q4_K: (0, 2), T.Q6_K: (208,)}
 
 
+def _random_weight(rng, qtype, rows, cols):
+    block, size = GGML_QUANT_SIZES[qtype]
+    blocks = rng.integers(0, 256, (rows * cols // block, size), np.uint8)
+    for off in SCALES[qtype]:  # sane float16 scales (random bits would give inf and NaN)
+        h = (rng.standard_normal(blocks.shape[0]) * 0.01).astype(np.float16)
+        blocks[:, off : off + 2] = h.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(-1)
+
+
 @pytest.mark.parametrize("qtype", list(SCALES), ids=lambda t: t.name)
 def test_stacked_weights_in_one_buffer_give_each_parts_own_rows(qtype):
     """Q, K and V in one launch: weights of one type viewing one buffer (as a model file's
@@ -90,11 +99,7 @@ def test_stacked_weights_in_one_buffer_give_each_parts_own_rows(qtype):
     cols, outs = 512, (40, 12, 12)
     row_bytes = cols // block * size
     rng = np.random.default_rng(int(qtype))
-    blocks = rng.integers(0, 256, (sum(o + 1 for o in outs) * cols // block, size), np.uint8)
-    for off in SCALES[qtype]:  # sane float16 scales (random bits would give inf and NaN)
-        h = (rng.standard_normal(blocks.shape[0]) * 0.01).astype(np.float16)
-        blocks[:, off : off + 2] = h.view(np.uint8).reshape(-1, 2)
-    buf = blocks.reshape(-1)
+    buf = _random_weight(rng, qtype, sum(o + 1 for o in outs), cols)
     buf.flags.writeable = False
     parts, at = [], row_bytes  # a row's worth of other bytes before and between the parts
     for o in outs:
@@ -120,15 +125,6 @@ def test_stacked_weights_in_one_buffer_give_each_parts_own_rows(qtype):
             got = kernels.bind_row_wise(group)(x)
             assert got.shape == want.shape and np.isfinite(got).all()
             assert np.array_equal(got, want)
-
-
-def _random_weight(rng, qtype, rows, cols):
-    block, size = GGML_QUANT_SIZES[qtype]
-    blocks = rng.integers(0, 256, (rows * cols // block, size), np.uint8)
-    for off in SCALES[qtype]:  # sane float16 scales
-        h = (rng.standard_normal(blocks.shape[0]) * 0.01).astype(np.float16)
-        blocks[:, off : off + 2] = h.view(np.uint8).reshape(-1, 2)
-    return blocks.reshape(-1)
 
 
 def test_parts_of_two_types_take_the_fused_kernels_one_launch_per_type():
