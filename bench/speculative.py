@@ -46,7 +46,9 @@ PASSAGE = (
 def code_prompt(path: str) -> list[dict]:
     text = (ROOT / path).read_text()
     ask = "Rewrite this Python file exactly, but rename every variable called `text` to `s`."
-    return [{"role": "user", "content": f"{ask}\n\n```python\n{text}```"}]
+    # the file first, then the ask: with the ask first, SmolLM2 135M writes a new function
+    # rather than the file (1.4 tokens a step of prompt lookup against 3.9)
+    return [{"role": "user", "content": f"```python\n{text}```\n\n{ask}"}]
 
 
 WORKLOADS = {
