@@ -5,6 +5,10 @@ Each prange item takes ROWS weight rows; every activation block is loaded once f
 A row's partial sums stay in LANES float lanes (`simd`) until the row ends, and the bytes of
 the rows PREFETCH_ROWS ahead are prefetched while these are computed: the hardware prefetcher
 alone does not keep up with a walk of 4 rows at once.
+Several activation rows (a verify pass, a few decoding sequences) of a type whose unpacking
+costs about as much as its products take the blocks outermost: each weight block is unpacked
+once for up to SHARED_ROWS of them, in the same operations per row, so each row's bits are
+those it gets alone.
 """
 
 from functools import partial
@@ -20,6 +24,11 @@ ROWS = 4  # written out in the loop below
 ACC_SLOTS = ROWS * LANES
 SMALL_BLOCK = 32  # the legacy types' block; K-quants' super-blocks are 256
 PREFETCH_ROWS = 8  # two row groups ahead
+SHARED_ROWS = 8  # activation rows, at most, that share one unpacking of each weight block
+# from 3 rows: for 2, unpacking twice costs about what storing the rows' sums does
+SHARED_FROM = 3
+SHARED_SLOTS = SHARED_ROWS * ACC_SLOTS
+SHARED_SUMS = SHARED_ROWS * ROWS
 LINE = 64  # bytes per prefetch: a cache line on every target we support
 
 
@@ -55,6 +64,94 @@ def row_offset(starts, ends, r, row_bytes):
     return starts[p] + (r - (ends[p - 1] if p > 0 else 0)) * row_bytes
 
 
+# out[t, r0 .. r0 + 3] = a row group's sums (acc: its lanes, s0..s3: its scalar parts), the rows
+# up to last
+@njit(cache=True, inline="always")
+def _store_sums(out, t, r0, last, acc, s0, s1, s2, s3):
+    out[t, r0] = acc[0].sum() + s0
+    if r0 + 1 <= last:
+        out[t, r0 + 1] = acc[1].sum() + s1
+    if r0 + 2 <= last:
+        out[t, r0 + 2] = acc[2].sum() + s2
+    if r0 + 3 <= last:
+        out[t, r0 + 3] = acc[3].sum() + s3
+
+
+# -> x quantized (xq, xd, xs: see act_quant), floatbits.opaque_one, the last output row and the
+# bytes of a weight row: what the kernels below read, made once, outside their parallel loop.
+# (This and _row_group are called, not inlined by Numba: LLVM inlines them all the same, and
+# Numba's inlining of a helper costs compile time in every type's kernel.)
+@njit(cache=True)
+def _operands(x, halves, ends, block, block_bytes, sum_group, q_type):
+    xq, xd, xs = quantize_rows(x, block, sum_group, q_type)
+    last = ends[ends.shape[0] - 1] - 1
+    return xq, xd, xs, opaque_one(halves), last, xd.shape[1] * block_bytes
+
+
+# -> (r0, byte offsets of rows r0 .. r0 + 3, of row r0 + PREFETCH_ROWS) for row group c; at the
+# ragged edge the last row again, so every row takes the same code path
+@njit(cache=True)
+def _row_group(starts, ends, c, last, row_bytes):
+    r0 = ROWS * c
+    return (
+        r0,
+        row_offset(starts, ends, r0, row_bytes),
+        row_offset(starts, ends, min(r0 + 1, last), row_bytes),
+        row_offset(starts, ends, min(r0 + 2, last), row_bytes),
+        row_offset(starts, ends, min(r0 + 3, last), row_bytes),
+        row_offset(starts, ends, min(r0 + PREFETCH_ROWS, last), row_bytes),
+    )
+
+
+# Every activation row against a row group (_row_group), one row at a time, its sums in
+# registers (accumulators); other arguments as in block_matmul.
+@njit(cache=True, inline="always")
+def _row_by_row(block_dot, flat, group, xq, xd, xs, halves, one, out, last, block, block_bytes):
+    r0, o0, o1, o2, o3, ahead = group
+    acc = accumulators(block)
+    for t in range(xq.shape[0]):
+        acc[:] = 0
+        s0 = s1 = s2 = s3 = np.float32(0.0)
+        xr, xsr = xq[t], xs[t]
+        for b in range(xd.shape[1]):
+            o = b * block_bytes
+            if t == 0:
+                prefetch_span(flat, ahead + ROWS * o, ROWS * block_bytes)
+            dx = xd[t, b]
+            s0 += block_dot(acc[0], flat, o0 + o, xr, xsr, b, dx, halves, one)
+            s1 += block_dot(acc[1], flat, o1 + o, xr, xsr, b, dx, halves, one)
+            s2 += block_dot(acc[2], flat, o2 + o, xr, xsr, b, dx, halves, one)
+            s3 += block_dot(acc[3], flat, o3 + o, xr, xsr, b, dx, halves, one)
+        _store_sums(out, t, r0, last, acc, s0, s1, s2, s3)
+
+
+# Activation rows t0 .. t1 - 1 (at most SHARED_ROWS) against a row group, blocks outermost: the
+# loop over the rows reads each weight block's bytes and nothing of it changes there, so LLVM
+# unpacks it once, before that loop (the rows' sums on the stack, indexed by row, where no store
+# can alias the weights). Same operations per row as _row_by_row, in the same order.
+@njit(cache=True, inline="always")
+def _shared_blocks(block_dot, flat, group, xq, xd, xs, t0, t1, halves, one, out, last, block_bytes):
+    r0, o0, o1, o2, o3, ahead = group
+    accs = carray(local_f32(SHARED_SLOTS), (SHARED_ROWS, ROWS, LANES))
+    sums = carray(local_f32(SHARED_SUMS), (SHARED_ROWS, ROWS))
+    for t in range(t1 - t0):
+        accs[t] = 0
+        sums[t] = 0
+    for b in range(xd.shape[1]):
+        o = b * block_bytes
+        if t0 == 0:
+            prefetch_span(flat, ahead + ROWS * o, ROWS * block_bytes)
+        for t in range(t1 - t0):
+            dx, xr, xsr, acc, s = xd[t0 + t, b], xq[t0 + t], xs[t0 + t], accs[t], sums[t]
+            s[0] += block_dot(acc[0], flat, o0 + o, xr, xsr, b, dx, halves, one)
+            s[1] += block_dot(acc[1], flat, o1 + o, xr, xsr, b, dx, halves, one)
+            s[2] += block_dot(acc[2], flat, o2 + o, xr, xsr, b, dx, halves, one)
+            s[3] += block_dot(acc[3], flat, o3 + o, xr, xsr, b, dx, halves, one)
+    for t in range(t1 - t0):
+        s = sums[t]
+        _store_sums(out, t0 + t, r0, last, accs[t], s[0], s[1], s[2], s[3])
+
+
 # block_dot(acc f32[LANES], w u8[size], off, xr int8|int16[in], xsr int32[groups], b, dx, halves,
 # one) -> float: adds block b of a weight row (its bytes at w[off]) times activation block b (xr,
 # its sums xsr, its scale dx) into acc's lanes, and returns any part it computes as a scalar (a
@@ -69,41 +166,37 @@ def row_offset(starts, ends, r, row_bytes):
 def block_matmul(
     block_dot, flat, starts, ends, halves, x, out, block, block_bytes, sum_group, q_type
 ):
-    xq, xd, xs = quantize_rows(x, block, sum_group, q_type)
-    one = opaque_one(halves)  # read once, outside the parallel loop
-    n = xq.shape[0]
-    nb = xd.shape[1]
-    row_bytes = nb * block_bytes
-    last = ends[ends.shape[0] - 1] - 1
+    xq, xd, xs, one, last, row_bytes = _operands(
+        x, halves, ends, block, block_bytes, sum_group, q_type
+    )
     for c in prange((last + ROWS) // ROWS):
-        r0 = ROWS * c
-        # ragged edge: the last row again, so every row takes the same code path
-        o0 = row_offset(starts, ends, r0, row_bytes)
-        o1 = row_offset(starts, ends, min(r0 + 1, last), row_bytes)
-        o2 = row_offset(starts, ends, min(r0 + 2, last), row_bytes)
-        o3 = row_offset(starts, ends, min(r0 + 3, last), row_bytes)
-        acc = accumulators(block)
-        ahead = row_offset(starts, ends, min(r0 + PREFETCH_ROWS, last), row_bytes)
-        for t in range(n):
-            acc[:] = 0
-            s0 = s1 = s2 = s3 = np.float32(0.0)
-            xr, xsr = xq[t], xs[t]
-            for b in range(nb):
-                o = b * block_bytes
-                if t == 0:
-                    prefetch_span(flat, ahead + ROWS * o, ROWS * block_bytes)
-                dx = xd[t, b]
-                s0 += block_dot(acc[0], flat, o0 + o, xr, xsr, b, dx, halves, one)
-                s1 += block_dot(acc[1], flat, o1 + o, xr, xsr, b, dx, halves, one)
-                s2 += block_dot(acc[2], flat, o2 + o, xr, xsr, b, dx, halves, one)
-                s3 += block_dot(acc[3], flat, o3 + o, xr, xsr, b, dx, halves, one)
-            out[t, r0] = acc[0].sum() + s0
-            if r0 + 1 <= last:
-                out[t, r0 + 1] = acc[1].sum() + s1
-            if r0 + 2 <= last:
-                out[t, r0 + 2] = acc[2].sum() + s2
-            if r0 + 3 <= last:
-                out[t, r0 + 3] = acc[3].sum() + s3
+        group = _row_group(starts, ends, c, last, row_bytes)
+        _row_by_row(block_dot, flat, group, xq, xd, xs, halves, one, out, last, block, block_bytes)
+
+
+# block_matmul where, from SHARED_FROM rows of x on, they share each weight block's unpacking
+# (_shared_blocks): for the types whose unpacking costs about as much as their products. (A
+# function of its own: a type that does not share never compiles the shared loop.)
+@njit(cache=True, inline="always")
+def block_matmul_shared(
+    block_dot, flat, starts, ends, halves, x, out, block, block_bytes, sum_group, q_type
+):
+    xq, xd, xs, one, last, row_bytes = _operands(
+        x, halves, ends, block, block_bytes, sum_group, q_type
+    )
+    n = xq.shape[0]
+    for c in prange((last + ROWS) // ROWS):
+        group = _row_group(starts, ends, c, last, row_bytes)
+        if n >= SHARED_FROM:
+            for t0 in range(0, n, SHARED_ROWS):
+                t1 = min(t0 + SHARED_ROWS, n)
+                _shared_blocks(
+                    block_dot, flat, group, xq, xd, xs, t0, t1, halves, one, out, last, block_bytes
+                )
+        else:
+            _row_by_row(
+                block_dot, flat, group, xq, xd, xs, halves, one, out, last, block, block_bytes
+            )
 
 
 def parts_of(raw):

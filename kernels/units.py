@@ -18,7 +18,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import njit, prange
 
-from .block_matmul import Fused, block_matmul, parts_of
+from .block_matmul import Fused, block_matmul, block_matmul_shared, parts_of
 from .byte_gemm import ENABLED as BYTE_GEMM_ENABLED
 from .byte_gemm import byte_matmul
 from .floatbits import HALF_TABLE
@@ -29,6 +29,7 @@ from .registry import QuantType, register
 # The templates' globals that `build` sets per type: placeholders here.
 DEQUANTIZE_ROW = BLOCK_DOT = UNPACK = None
 BLOCK = TYPE_SIZE = SUM_GROUP = MIN_GROUPS = INT_ROWS = 0
+SHARED = False
 Q_TYPE = np.int8
 
 
@@ -46,7 +47,14 @@ def _matmul_rows(flat, starts, ends, halves, x, out):
 
 # flat, starts, ends: one or more weights' bytes (see block_matmul), x: [n, in] -> out: [n, rows]
 def _matmul_fused(flat, starts, ends, halves, x, out):
-    block_matmul(BLOCK_DOT, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE, SUM_GROUP, Q_TYPE)
+    if SHARED:  # a constant: Numba compiles the branch taken alone
+        block_matmul_shared(
+            BLOCK_DOT, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE, SUM_GROUP, Q_TYPE
+        )
+    else:
+        block_matmul(
+            BLOCK_DOT, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE, SUM_GROUP, Q_TYPE
+        )
 
 
 # flat, starts, ends: as _matmul_fused, x: [n, in] -> out: [n, rows], int8 activations
@@ -86,6 +94,7 @@ def build(
     unpack: Callable | None = None,
     min_groups: int = 0,
     unpack_bytes: Callable | None = None,
+    shared_unpacking: bool = False,
     **fields,
 ) -> QuantType:
     """Registers and returns qtype's unit, its kernels built on
@@ -94,7 +103,9 @@ def build(
       function, bit-exact with gguf.quants.dequantize (see registry);
     block_dot: the block dot product of `block_matmul` (None: no fused small-n kernel), with
       x quantized to q_type blocks of the type's block size, summed per sum_group (see
-      act_quant);
+      act_quant); shared_unpacking: whether several rows of x share each block's unpacking in
+      the fused kernel (see block_matmul_shared), for the types whose unpacking costs about as
+      much as their products;
     unpack, min_groups: the block's unpacking for the int8 GEMM (see int8_gemm; None: none);
     unpack_bytes: the block's unpacking for the byte GEMM (see byte_gemm), which replaces the
       int8 GEMM where the target enables it;
@@ -105,7 +116,7 @@ def build(
     name = qtype.name.lower()
     functions = dict(DEQUANTIZE_ROW=dequantize_row, BLOCK_DOT=block_dot, UNPACK=unpack)
     sizes = dict(BLOCK=block, TYPE_SIZE=type_size, SUM_GROUP=sum_group, Q_TYPE=q_type)
-    sizes.update(MIN_GROUPS=min_groups, INT_ROWS=tile_rows(block))
+    sizes.update(MIN_GROUPS=min_groups, INT_ROWS=tile_rows(block), SHARED=shared_unpacking)
     constants = {**functions, **sizes}
     kernels = dict(matmul_small=None)
     if "dequantize_rows" not in fields:

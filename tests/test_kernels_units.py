@@ -205,6 +205,29 @@ def test_embedding_matches_dequantized_rows(qtype):
     assert same_floats(kernels.embedding(w, ids), full[ids])
 
 
+@pytest.mark.parametrize(
+    "qtype", [t for t in TYPES if t not in FLOATS], ids=lambda t: t.name
+)  # (F32's small-n path is BLAS's, which promises nothing of the kind)
+def test_fused_rows_get_their_one_row_bits_at_every_n(qtype):
+    # A verify pass (1 + k tokens of one sequence) and a step of a few sequences take the fused
+    # kernel: each row must get the bits it gets alone, whether its weight blocks are unpacked
+    # for it or shared with the other rows (block_matmul). 37 rows: a ragged last row group;
+    # n up to 11: more rows than share one unpacking (SHARED_ROWS).
+    rng = np.random.default_rng(int(qtype) + 5)
+    block, _ = GGML_QUANT_SIZES[qtype]
+    in_dim = 512 if qtype in KQUANTS else 576
+    data = random_blocks(qtype, 37 * in_dim // block, rng)
+    w = kernels.QuantWeight.from_raw(data, qtype, (37, in_dim))
+    x = rng.standard_normal((11, in_dim)).astype(np.float32)
+    alone = np.empty((11, 37), np.float32)
+    for t in range(11):
+        w.unit.matmul_small(w.packed, x[t : t + 1], alone[t : t + 1])
+    for n in range(2, 12):
+        got = np.empty((n, 37), np.float32)
+        w.unit.matmul_small(w.packed, x[:n], got)
+        assert np.array_equal(got, alone[:n]), f"{qtype.name} n={n}"
+
+
 @pytest.mark.parametrize("qtype", [t for t in TYPES if t != T.F32], ids=lambda t: t.name)
 def test_matmul_is_independent_of_threads(qtype):
     # prange chunks over output rows: 1 or more threads must give the same bits (F32's BLAS
