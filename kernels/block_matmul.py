@@ -220,4 +220,4 @@ class PartsKernel:
 
 
 class Fused(PartsKernel):
-    """A unit's `matmul_small`, from its jitted wrapper of block_matmul."""
+    """A unit's `matmul_small`, from its jitted wrapper of block_matmul (or block_matmul_shared)."""
