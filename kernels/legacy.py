@@ -268,7 +268,7 @@ def legacy_unit(qtype: GGMLQuantizationType, block: Block, small_n_max: int):
     int8.update(int8_faster=block.bits == 8)
     # Rows of a verify pass or of a few sequences share each block's unpacking where it costs
     # about as much as the products: 5-bit blocks and 4-bit ones with a min (at 5 to 7 rows of
-    # [1536, 576], 0.68-0.78x the time, Q4_1 0.83-0.86x). Q4_0's nibbles and Q8_0's bytes cost
+    # [1536, 576], 0.68-0.78x the time, Q4_1 0.83-0.88x). Q4_0's nibbles and Q8_0's bytes cost
     # less than keeping the rows' sums in memory (1.03-1.2x).
     int8.update(shared_unpacking=block.bits == 5 or block.min_at > 0)
     return build(qtype, row, block_dot(block), *acts, small_n_max=small_n_max, **int8)

@@ -211,7 +211,7 @@ def test_embedding_matches_dequantized_rows(qtype):
 def test_fused_rows_get_their_one_row_bits_at_every_n(qtype):
     # A verify pass (1 + k tokens of one sequence) and a step of a few sequences take the fused
     # kernel: each row must get the bits it gets alone, whether its weight blocks are unpacked
-    # for it or shared with the other rows (block_matmul). 37 rows: a ragged last row group;
+    # for it or shared with the other rows (block_matmul_shared). 37 rows: a ragged last row group;
     # n up to 11: more rows than share one unpacking (SHARED_ROWS).
     rng = np.random.default_rng(int(qtype) + 5)
     block, _ = GGML_QUANT_SIZES[qtype]
