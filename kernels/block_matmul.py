@@ -20,7 +20,7 @@ from .act_quant import quantize_rows
 from .floatbits import HALF_TABLE, opaque_one
 from .simd import LANES, local_f32, prefetch
 
-ROWS = 4  # written out in the loop below
+ROWS = 4  # written out in the loops below
 ACC_SLOTS = ROWS * LANES
 SMALL_BLOCK = 32  # the legacy types' block; K-quants' super-blocks are 256
 PREFETCH_ROWS = 8  # two row groups ahead
@@ -176,7 +176,8 @@ def block_matmul(
 
 # block_matmul where, from SHARED_FROM rows of x on, they share each weight block's unpacking
 # (_shared_blocks): for the types whose unpacking costs about as much as their products. (A
-# function of its own: a type that does not share never compiles the shared loop.)
+# function of its own, chosen per type by units.build: a type that does not share never compiles
+# the shared loop.)
 @njit(cache=True, inline="always")
 def block_matmul_shared(
     block_dot, flat, starts, ends, halves, x, out, block, block_bytes, sum_group, q_type

@@ -27,9 +27,8 @@ from .matmul import RowTile, row_tile_matmul
 from .registry import QuantType, register
 
 # The templates' globals that `build` sets per type: placeholders here.
-DEQUANTIZE_ROW = BLOCK_DOT = UNPACK = None
+DEQUANTIZE_ROW = BLOCK_DOT = UNPACK = BLOCK_MATMUL = None
 BLOCK = TYPE_SIZE = SUM_GROUP = MIN_GROUPS = INT_ROWS = 0
-SHARED = False
 Q_TYPE = np.int8
 
 
@@ -47,14 +46,7 @@ def _matmul_rows(flat, starts, ends, halves, x, out):
 
 # flat, starts, ends: one or more weights' bytes (see block_matmul), x: [n, in] -> out: [n, rows]
 def _matmul_fused(flat, starts, ends, halves, x, out):
-    if SHARED:  # a constant: Numba compiles the branch taken alone
-        block_matmul_shared(
-            BLOCK_DOT, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE, SUM_GROUP, Q_TYPE
-        )
-    else:
-        block_matmul(
-            BLOCK_DOT, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE, SUM_GROUP, Q_TYPE
-        )
+    BLOCK_MATMUL(BLOCK_DOT, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE, SUM_GROUP, Q_TYPE)
 
 
 # flat, starts, ends: as _matmul_fused, x: [n, in] -> out: [n, rows], int8 activations
@@ -115,8 +107,10 @@ def build(
     block, type_size = GGML_QUANT_SIZES[qtype]
     name = qtype.name.lower()
     functions = dict(DEQUANTIZE_ROW=dequantize_row, BLOCK_DOT=block_dot, UNPACK=unpack)
+    # the fused kernel's loop; a type that does not share never compiles the shared one
+    functions.update(BLOCK_MATMUL=block_matmul_shared if shared_unpacking else block_matmul)
     sizes = dict(BLOCK=block, TYPE_SIZE=type_size, SUM_GROUP=sum_group, Q_TYPE=q_type)
-    sizes.update(MIN_GROUPS=min_groups, INT_ROWS=tile_rows(block), SHARED=shared_unpacking)
+    sizes.update(MIN_GROUPS=min_groups, INT_ROWS=tile_rows(block))
     constants = {**functions, **sizes}
     kernels = dict(matmul_small=None)
     if "dequantize_rows" not in fields:
