@@ -182,21 +182,21 @@ def block_matmul(
 def block_matmul_shared(
     block_dot, flat, starts, ends, halves, x, out, block, block_bytes, sum_group, q_type
 ):
+    if x.shape[0] < SHARED_FROM:  # block_matmul's own parallel loop: the same code at 1 row
+        block_matmul(
+            block_dot, flat, starts, ends, halves, x, out, block, block_bytes, sum_group, q_type
+        )
+        return
     xq, xd, xs, one, last, row_bytes = _operands(
         x, halves, ends, block, block_bytes, sum_group, q_type
     )
     n = xq.shape[0]
     for c in prange((last + ROWS) // ROWS):
         group = _row_group(starts, ends, c, last, row_bytes)
-        if n >= SHARED_FROM:
-            for t0 in range(0, n, SHARED_ROWS):
-                t1 = min(t0 + SHARED_ROWS, n)
-                _shared_blocks(
-                    block_dot, flat, group, xq, xd, xs, t0, t1, halves, one, out, last, block_bytes
-                )
-        else:
-            _row_by_row(
-                block_dot, flat, group, xq, xd, xs, halves, one, out, last, block, block_bytes
+        for t0 in range(0, n, SHARED_ROWS):
+            t1 = min(t0 + SHARED_ROWS, n)
+            _shared_blocks(
+                block_dot, flat, group, xq, xd, xs, t0, t1, halves, one, out, last, block_bytes
             )
 
 
