@@ -1,5 +1,7 @@
 """Block bookkeeping (pure Python) and the KV block pools."""
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -66,3 +68,25 @@ def test_pools(dtype, storage):
 def test_bad_dtype():
     with pytest.raises(ValueError, match="f16"):
         KVCache(1, 1, 8, 8, 1, dtype="q8")
+
+
+def _anon_mib() -> float:
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no RssAnon")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_a_pool_commits_memory_as_blocks_fill():
+    """A 1B model's pools for four sequences (16 layers, 2.4 MiB per layer each of K and V):
+    one block in every layer commits pages for that block, not 2 MiB huge pages per layer."""
+    kv = KVCache(n_layers=16, n_kv_heads=8, head_dim=64, v_head_dim=64, num_blocks=152)
+    assert kv.nbytes == 76 * 2**20
+    before = _anon_mib()
+    for i in range(16):
+        kv.k[i][0] = 1
+        kv.v[i][0] = 1
+    assert _anon_mib() - before < 4  # 32 blocks of 16 KiB; huge pages would commit 60+ MiB
+    assert all(int(kv.k[i][0].sum()) == kv.k[i][0].size for i in range(16))
+    assert not kv.k[5][1:].any() and not kv.v[5][1:].any()  # the pages are zero-filled

@@ -8,11 +8,13 @@ Numba has no float16 arithmetic), "f32" stores float32. "q8_0" and "q4_0" (llama
 -ctk/-ctv of those names) store each token's head vectors in groups of QUANT_GROUP values, a
 float16 scale per group: k[layer] and v[layer] are then pairs (codes, scales) of the same layouts,
 the head axis in codes / codes_per_element and in scales / QUANT_GROUP (kernels.kv_store).
-The pools are allocated with np.zeros, so pages are committed only as blocks are first written.
+The pools are anonymous maps with huge pages off, so pages are committed only as blocks are
+first written (`_zeros`).
 """
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,12 +137,12 @@ class _Pool:
         t = KV_DTYPES[dtype]
         pool = (n_layers, num_blocks, n_kv_heads)
         self.scaled = t.scaled
-        self.k_pool = np.zeros((*pool, head_dim // t.per_element, block_size), t.storage)
-        self.v_pool = np.zeros((*pool, block_size, v_head_dim // t.per_element), t.storage)
+        self.k_pool = _zeros((*pool, head_dim // t.per_element, block_size), t.storage)
+        self.v_pool = _zeros((*pool, block_size, v_head_dim // t.per_element), t.storage)
         # the scales of a quantized cache (float16 bits), empty otherwise
         groups = (head_dim // QUANT_GROUP, v_head_dim // QUANT_GROUP) if t.scaled else (0, 0)
-        self.k_scales = np.zeros((*pool, groups[0], block_size), np.uint16)
-        self.v_scales = np.zeros((*pool, block_size, groups[1]), np.uint16)
+        self.k_scales = _zeros((*pool, groups[0], block_size), np.uint16)
+        self.v_scales = _zeros((*pool, block_size, groups[1]), np.uint16)
 
     def layer(self, j: int) -> tuple:
         """Layer j's (K, V) as the attention kernel takes them."""
@@ -151,3 +153,16 @@ class _Pool:
     @property
     def nbytes(self) -> int:
         return self.k_pool.nbytes + self.v_pool.nbytes + self.k_scales.nbytes + self.v_scales.nbytes
+
+
+def _zeros(shape: tuple, dtype) -> np.ndarray:
+    """Zeros whose pages are committed as they are first written. numpy advises huge pages for
+    arrays of 4 MiB or more on Linux, and a layer's slice of a pool is only a few MiB: the first
+    token would commit 2 MiB of every layer's pool (1B model, 4 sequences: 60 of 76 MiB)."""
+    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    if nbytes == 0:
+        return np.zeros(shape, dtype)
+    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)  # anonymous: zero-filled on demand
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):  # Linux; transparent huge pages may be on for all maps
+        pages.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(pages, dtype).reshape(shape)
