@@ -10,6 +10,11 @@ from edgeinfer.errors import EdgeInferError
 # Longest run of tokens one forward pass processes; longer prompts go in chunks, which bounds
 # activation memory (a chunk's K/V are in the cache before the next chunk attends to them).
 PREFILL_CHUNK = 512
+# A step of FFN_PIECES_FROM rows or more computes the FFN's gate and up FFN_PIECE_COLS columns at
+# a time (models.base), so that a prompt's [gate | up] never exists whole: on a 1B model that
+# was a step's biggest array (32 MiB at 512 tokens).
+FFN_PIECES_FROM = 64
+FFN_PIECE_COLS = 2048
 # Activation precision: "fast" (int8 prompt rows) or "exact" (float everywhere); see EngineConfig.
 PRECISIONS = ("fast", "exact")
 # The context used when none is given: the model's, capped (32k-token KV caches surprise people).

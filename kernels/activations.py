@@ -52,45 +52,47 @@ def tanh_f32(x):
 
 
 @njit(cache=True, error_model="numpy")
-def _gated_row(gu, kind, out):
-    # gu: [2f] = [gate | up] -> out: [f] = act(gate) * up
-    f = out.shape[0]
+def _gated_row(gu, kind, out, at):
+    # gu: [2f] = [gate | up] -> out[at : at + f] = act(gate) * up
+    f = gu.shape[0] // 2
     if kind == GELU_TANH:
         for j in range(f):
             g = gu[j]
             inner = _SQRT_2_OVER_PI * g * (_ONE + _GELU_COEF_A * g * g)
-            out[j] = _HALF * g * (_ONE + tanh_f32(inner)) * gu[f + j]
+            out[at + j] = _HALF * g * (_ONE + tanh_f32(inner)) * gu[f + j]
     else:
         for j in range(f):
             g = gu[j]
-            out[j] = g / (_ONE + exp_f32(-g)) * gu[f + j]
+            out[at + j] = g / (_ONE + exp_f32(-g)) * gu[f + j]
 
 
-# gu: [n, 2f] -> out: [n, f] (gated_act)
+# gu: [n, 2f] -> out[:, at : at + f] (gated_act)
 @njit(cache=True)
-def _gated_serial(gu, kind, out):
+def _gated_serial(gu, kind, out, at):
     for i in range(gu.shape[0]):
-        _gated_row(gu[i], kind, out[i])
+        _gated_row(gu[i], kind, out[i], at)
 
 
 # as _gated_serial, rows in parallel
 @njit(parallel=True, cache=True)
-def _gated_parallel(gu, kind, out):
+def _gated_parallel(gu, kind, out, at):
     for i in prange(gu.shape[0]):
-        _gated_row(gu[i], kind, out[i])
+        _gated_row(gu[i], kind, out[i], at)
 
 
-def gated_act(gu: np.ndarray, kind: int) -> np.ndarray:
-    """gu: float32[n, 2f] = [gate | up] -> float32[n, f] = act(gate) * up.
+def gated_act(gu: np.ndarray, kind: int, out: np.ndarray | None = None, at: int = 0) -> np.ndarray:
+    """gu: float32[n, 2f] = [gate | up] -> act(gate) * up: float32[n, f], or written into the
+    columns at .. at + f of out (float32[n, >= at + f], C-contiguous), which is returned.
 
     kind: SILU (SwiGLU: llama, qwen) or GELU_TANH (GeGLU with the tanh approximation: gemma).
     """
     n, two_f = gu.shape
-    out = np.empty((n, two_f // 2), np.float32)
+    if out is None:
+        out = np.empty((n, two_f // 2), np.float32)
     if n < PARALLEL_MIN_ROWS:
-        _gated_serial(gu, kind, out)
+        _gated_serial(gu, kind, out, at)
     else:
-        _gated_parallel(gu, kind, out)
+        _gated_parallel(gu, kind, out, at)
     return out
 
 

@@ -69,6 +69,10 @@ class QuantWeight:
             raise ValueError(f"a weight must be 2-D (out, in), got shape {shape}")
         return cls(raw_rows(data, unit, shape), unit, shape)
 
+    def rows(self, lo: int, hi: int) -> QuantWeight:
+        """Rows lo .. hi-1 as a weight of their own (a view: no bytes copied)."""
+        return QuantWeight(self.raw[lo:hi], self.unit, (hi - lo, self.shape[1]))
+
     @property
     def nbytes(self) -> int:
         return self.raw.nbytes

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from edgeinfer import kernels
+from edgeinfer.config import FFN_PIECE_COLS, FFN_PIECES_FROM
 from edgeinfer.gguf.model_config import ModelConfig
 from edgeinfer.gguf.reader import GGUFFile
 from edgeinfer.kernels.activations import SILU, gated_act, softcap_
@@ -116,6 +117,7 @@ class Layer:
     post_attn_norm: np.ndarray  # [d]
     ffn_norm: np.ndarray  # [d]
     gate_up: Linear  # [2 * n_ff, d]
+    gate_up_pieces: list[tuple[int, Linear]]  # (first FFN column c, [gate | up] of c .. c + m)
     down: Linear  # [d, n_ff]
     post_ffn_norm: np.ndarray  # [d]
     inv_freq: np.ndarray  # float64[rope_dim / 2]
@@ -184,6 +186,27 @@ class WeightLoader:
             ).astype(np.float32)
         return Linear(parts, b)
 
+    def gate_up_pieces(self, gate: str, up: str) -> list[tuple[int, Linear]]:
+        """[gate | up] in ranges of FFN_PIECE_COLS of the FFN's columns, views of the file's rows
+        (none when the FFN is one range)."""
+        g, u = self.weight(gate), self.weight(up)
+        n_ff = g.shape[0]
+        if n_ff <= FFN_PIECE_COLS:
+            return []
+        biases = [
+            self.vector(_bias_name(n)) if self.has(_bias_name(n)) else None for n in (gate, up)
+        ]
+        pieces = []
+        for lo in range(0, n_ff, FFN_PIECE_COLS):
+            hi = min(n_ff, lo + FFN_PIECE_COLS)
+            bias = None
+            if any(b is not None for b in biases):
+                bias = np.concatenate(
+                    [b[lo:hi] if b is not None else np.zeros(hi - lo) for b in biases]
+                ).astype(np.float32)
+            pieces.append((lo, Linear([g.rows(lo, hi), u.rows(lo, hi)], bias)))
+        return pieces
+
 
 def _bias_name(weight_name: str) -> str:
     return weight_name.removesuffix(".weight") + ".bias"
@@ -239,6 +262,7 @@ class DecoderModel:
             post_attn_norm=w.vector(b + "post_attention_norm.weight"),
             ffn_norm=w.vector(b + "ffn_norm.weight"),
             gate_up=w.linear([b + "ffn_gate.weight", b + "ffn_up.weight"], True),
+            gate_up_pieces=w.gate_up_pieces(b + "ffn_gate.weight", b + "ffn_up.weight"),
             down=w.linear([b + "ffn_down.weight"], True),
             post_ffn_norm=w.vector(b + "post_ffw_norm.weight"),
             inv_freq=inv_freq,
@@ -292,6 +316,17 @@ class DecoderModel:
             x, h = self._host_layers(batch, x, stop, n, k_cache, v_cache)
         return self._softcap(self.output(h, batch.row_wise))
 
+    def _gated(self, L: Layer, h: np.ndarray, row_wise: bool | str) -> np.ndarray:
+        """act(gate) * up of h: [n, n_ff]; a prompt step computes it range by range of the FFN's
+        columns (edgeinfer.config.FFN_PIECE_COLS), so that one range's gate and up exist at a
+        time. Each output column is its own weight row's dot product: the same bits either way."""
+        if len(h) < FFN_PIECES_FROM or not L.gate_up_pieces:
+            return gated_act(L.gate_up(h, row_wise), self.activation)
+        out = np.empty((len(h), self.config.n_ff), np.float32)
+        for at, piece in L.gate_up_pieces:
+            gated_act(piece(h, row_wise), self.activation, out, at)
+        return out
+
     def _softcap(self, logits: np.ndarray) -> np.ndarray:
         if self.config.final_logit_softcap:
             softcap_(logits, self.config.final_logit_softcap)
@@ -339,6 +374,7 @@ class DecoderModel:
                     # Only the rows whose logits are wanted need the last FFN and the head.
                     x, o = x[batch.logit_rows], o[batch.logit_rows]
             h = add_rms_norm(x, o, L.post_attn_norm, L.ffn_norm, eps)
-            f = L.down(gated_act(L.gate_up(h, row_wise), self.activation), row_wise)
+            del attn, o  # a prompt step's FFN is its peak of memory
+            f = L.down(self._gated(L, h, row_wise), row_wise)
             h = add_rms_norm(x, f, L.post_ffn_norm, self._norm_before(i + 1), eps)
         return x, h

@@ -10,6 +10,7 @@ from edgeinfer.engine.sampling import SamplingParams
 from edgeinfer.gguf.model_config import ModelConfig
 from edgeinfer.gguf.reader import read_gguf
 from edgeinfer.llm import LLM
+from edgeinfer.models import base
 
 SMOL = "smollm2-135m-instruct"
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -178,6 +179,31 @@ def test_a_sequences_logits_do_not_depend_on_its_batch_mates(synth):
     in_chunk = execute((4, ids, True))[0]
     assert np.array_equal(alone, together)
     assert np.array_equal(alone, in_chunk)
+
+
+@pytest.mark.parametrize(
+    "arch, ftype", [("llama", "Q4_K_M"), ("gemma3", "Q8_0"), ("qwen2", "Q5_1"), ("llama", "F16")]
+)
+def test_a_prompts_ffn_in_pieces_keeps_every_bit(synthetic_model, monkeypatch, arch, ftype):
+    """A prompt step computes the FFN's gate and up a range of columns at a time (its peak of
+    memory); in every kernel mode the logits are those of one [gate | up] matmul, bit for bit."""
+    monkeypatch.setattr(base, "FFN_PIECE_COLS", 192)  # 512 columns: 192 + 192 + 128
+    engine = LLM(str(synthetic_model(arch, ftype)), threads=2).engine
+    assert len(engine.runner.model.layers[0].gate_up_pieces) == 3
+    ids = prompts(engine.runner.config.vocab_size, [80], seed=5)[0]
+    assert len(ids) >= base.FFN_PIECES_FROM
+    seq_ids = iter(range(100))
+
+    def logits(row_wise) -> np.ndarray:
+        chunk = engine.scheduler.extend(next(seq_ids), ids, 0)
+        chunk.wants_logits = True
+        return engine.runner.execute([chunk], row_wise=row_wise)[0]
+
+    modes = (base.ROW_WISE_INT8, base.ROW_WISE_EXACT, True)
+    in_pieces = [logits(mode) for mode in modes]
+    monkeypatch.setattr(base, "FFN_PIECES_FROM", 1 << 30)
+    for mode, got in zip(modes, in_pieces, strict=True):
+        assert np.array_equal(got, logits(mode)), mode
 
 
 def test_random_traffic_under_a_small_budget_always_drains(synth):

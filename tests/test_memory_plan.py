@@ -7,6 +7,7 @@ import gguf
 import pytest
 import synthetic
 
+from edgeinfer.config import FFN_PIECE_COLS
 from edgeinfer.engine import memory_plan
 from edgeinfer.gguf.model_config import ModelConfig
 from edgeinfer.gguf.reader import read_gguf
@@ -58,8 +59,10 @@ def test_weights_and_activations(synthetic_model):
     assert p.weights_bytes == sum(int(t.n_bytes) for t in gguf.GGUFReader(path).tensors)
     s, vocab = synthetic.SHAPES["llama"], len(synthetic.build_vocab("llama").tokens)
     q, kv = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
-    # layer buffers, and the int8 GEMM's copy of its largest input
-    per_token = 2 * s.n_embd + q + 2 * kv + q + 2 * s.n_ff + max(s.n_embd, q, s.n_ff)
+    # layer buffers (an FFN of one piece: [gate | up] and act(gate) * up, 3 x n_ff), and the
+    # int8 GEMM's copy of its largest input
+    assert s.n_ff <= FFN_PIECE_COLS
+    per_token = 2 * s.n_embd + q + 2 * kv + q + 3 * s.n_ff + max(s.n_embd, q, s.n_ff)
     assert p.activation_bytes == 200 * per_token * 4 + 2 * vocab * 4
     assert p.total_bytes == p.weights_bytes + p.kv_bytes + p.activation_bytes
     assert p.ctx == 200 and p.repacked_bytes is None

@@ -13,8 +13,11 @@ keep their cache in a second pool that holds, per sequence, one window and one s
 
 Activations (one layer at a time, buffers reused across layers), for a prefill chunk of
 T = min(PREFILL_CHUNK, ctx) tokens in float32:
-    T × (2·n_embd + q_dim + k_dim + v_dim + attn_out_dim + 2·n_ff) × 4   residual, norm,
-        q/k/v, attention output, FFN gate and up (the activation is applied in place)
+    T × (2·n_embd + q_dim + k_dim + v_dim + attn_out_dim) × 4   residual, norm, q/k/v,
+        attention output
+  + T × (n_ff + 2·P) × 4                             the FFN's act(gate) * up, beside the gate
+        and up of P = min(n_ff, FFN_PIECE_COLS) of its columns at a time (models.base; all
+        n_ff of them in a chunk under FFN_PIECES_FROM tokens)
   + T × max(n_embd, attn_out_dim, n_ff) × 4          the int8 GEMM's rounded copy of one
         matmul's input (int16 values, their bytes in lane order, scales and sums per 16)
   + parallel × vocab × 4                             logits of the last position of each sequence
@@ -28,14 +31,15 @@ from dataclasses import asdict, dataclass
 
 import psutil
 
-from edgeinfer.config import DEFAULT_CTX, PREFILL_CHUNK
+from edgeinfer.config import DEFAULT_CTX, FFN_PIECE_COLS, FFN_PIECES_FROM, PREFILL_CHUNK
 from edgeinfer.engine.kv_cache import BLOCK_SIZE, KV_DTYPES, check_kv_dims
 from edgeinfer.gguf.model_config import ModelConfig
 from edgeinfer.gguf.reader import GGUFFile
 
 ACTIVATION_FORMULA = (
-    f"min({PREFILL_CHUNK}, ctx) x (2*n_embd + q_dim + k_dim + v_dim + attn_out_dim + 2*n_ff"
-    " + max(n_embd, attn_out_dim, n_ff)) x 4 B + parallel x vocab x 4 B (logits)"
+    f"min({PREFILL_CHUNK}, ctx) x (2*n_embd + q_dim + k_dim + v_dim + attn_out_dim + n_ff"
+    f" + 2*min(n_ff, {FFN_PIECE_COLS}) + max(n_embd, attn_out_dim, n_ff)) x 4 B"
+    " + parallel x vocab x 4 B (logits)"
 )
 
 
@@ -161,7 +165,8 @@ def step_bytes(cfg: ModelConfig, tokens: int, logit_rows: int) -> int:
     q_dim = cfg.n_heads * cfg.head_dim
     kv_dim = cfg.n_kv_heads * (cfg.head_dim + cfg.v_head_dim)
     attn_out_dim = cfg.n_heads * cfg.v_head_dim
-    per_token = 2 * cfg.n_embd + q_dim + kv_dim + attn_out_dim + 2 * cfg.n_ff
+    piece = min(cfg.n_ff, FFN_PIECE_COLS) if tokens >= FFN_PIECES_FROM else cfg.n_ff
+    per_token = 2 * cfg.n_embd + q_dim + kv_dim + attn_out_dim + cfg.n_ff + 2 * piece
     per_token += max(cfg.n_embd, attn_out_dim, cfg.n_ff)  # the int8 GEMM's input copy
     return tokens * per_token * 4 + logit_rows * cfg.vocab_size * 4
 
