@@ -182,7 +182,14 @@ def test_a_sequences_logits_do_not_depend_on_its_batch_mates(synth):
 
 
 @pytest.mark.parametrize(
-    "arch, ftype", [("llama", "Q4_K_M"), ("gemma3", "Q8_0"), ("qwen2", "Q5_1"), ("llama", "F16")]
+    "arch, ftype",
+    [
+        ("llama", "Q4_K_M"),
+        ("gemma3", "Q8_0"),
+        ("qwen2", "Q5_1"),
+        ("llama", "F16"),
+        ("gemma3", "F32"),
+    ],
 )
 def test_a_prompts_ffn_in_pieces_keeps_every_bit(synthetic_model, monkeypatch, arch, ftype):
     """A prompt step computes the FFN's gate and up a range of columns at a time (its peak of

@@ -1,6 +1,7 @@
 """Block bookkeeping (pure Python) and the KV block pools."""
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -71,7 +72,7 @@ def test_bad_dtype():
 
 
 def _anon_mib() -> float:
-    for line in open("/proc/self/status"):
+    for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("RssAnon:"):
             return int(line.split()[1]) / 1024
     raise AssertionError("no RssAnon")
