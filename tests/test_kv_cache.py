@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from edgeinfer.engine.block_manager import BlockManager, KVCacheFullError
-from edgeinfer.engine.kv_cache import KVCache
+from edgeinfer.engine.kv_cache import HUGE_PAGES_FROM, KVCache
 from edgeinfer.errors import EdgeInferError
 
 
@@ -91,3 +91,30 @@ def test_a_pool_commits_memory_as_blocks_fill():
     assert _anon_mib() - before < 4  # 32 blocks of 16 KiB; huge pages would commit 60+ MiB
     assert all(int(kv.k[i][0].sum()) == kv.k[i][0].size for i in range(16))
     assert not kv.k[5][1:].any() and not kv.v[5][1:].any()  # the pages are zero-filled
+
+
+def _huge_pages_eligible(a: np.ndarray) -> bool:
+    """Whether the kernel may back the map holding `a` with huge pages (smaps' THPeligible)."""
+    address, inside = a.ctypes.data, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and ":" not in head:
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == "THPeligible:":
+            return line.split()[1] == "1"
+    raise AssertionError("no THPeligible line for the array's map")
+
+
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+@pytest.mark.skipif(
+    not THP.exists() or "[never]" in THP.read_text(), reason="no transparent huge pages here"
+)
+def test_only_a_big_pool_takes_huge_pages():
+    small = KVCache(n_layers=2, n_kv_heads=8, head_dim=64, v_head_dim=64, num_blocks=152)
+    big = KVCache(n_layers=2, n_kv_heads=8, head_dim=64, v_head_dim=64, num_blocks=1024)
+    assert small.k[0].nbytes < HUGE_PAGES_FROM <= big.k[0].nbytes
+    assert not _huge_pages_eligible(small.k[0]) and not _huge_pages_eligible(small.v[1])
+    assert _huge_pages_eligible(big.k[0]) and _huge_pages_eligible(big.v[1])
