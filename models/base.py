@@ -176,15 +176,13 @@ class WeightLoader:
             data = self.g.contiguous_data(names[i:j])
             parts.append(kernels.QuantWeight.from_raw(data, group[0].qtype, shape))
             i = j
-        b = None
-        if bias and any(self.has(_bias_name(n)) for n in names):
-            b = np.concatenate(
-                [
-                    self.vector(_bias_name(n)) if self.has(_bias_name(n)) else np.zeros(t.shape[0])
-                    for n, t in zip(names, infos, strict=True)
-                ]
-            ).astype(np.float32)
-        return Linear(parts, b)
+        if not bias:
+            return Linear(parts)
+        return Linear(parts, _stacked_bias(self.biases(names), [t.shape[0] for t in infos]))
+
+    def biases(self, names: list[str]) -> list[np.ndarray | None]:
+        """The named weights' biases (None for a weight without one)."""
+        return [self.vector(_bias_name(n)) if self.has(_bias_name(n)) else None for n in names]
 
     def gate_up_pieces(self, gate: str, up: str) -> list[tuple[int, Linear]]:
         """[gate | up] in ranges of FFN_PIECE_COLS of the FFN's columns, views of the file's rows
@@ -193,19 +191,22 @@ class WeightLoader:
         n_ff = g.shape[0]
         if n_ff <= FFN_PIECE_COLS:
             return []
-        biases = [
-            self.vector(_bias_name(n)) if self.has(_bias_name(n)) else None for n in (gate, up)
-        ]
+        biases = self.biases([gate, up])
         pieces = []
         for lo in range(0, n_ff, FFN_PIECE_COLS):
             hi = min(n_ff, lo + FFN_PIECE_COLS)
-            bias = None
-            if any(b is not None for b in biases):
-                bias = np.concatenate(
-                    [b[lo:hi] if b is not None else np.zeros(hi - lo) for b in biases]
-                ).astype(np.float32)
+            bias = _stacked_bias([b if b is None else b[lo:hi] for b in biases], [hi - lo] * 2)
             pieces.append((lo, Linear([g.rows(lo, hi), u.rows(lo, hi)], bias)))
         return pieces
+
+
+def _stacked_bias(biases: list[np.ndarray | None], rows: list[int]) -> np.ndarray | None:
+    """The bias of row-stacked weights of `rows` rows each: each one's own bias, zeros for one
+    without; None when none has one."""
+    if all(b is None for b in biases):
+        return None
+    parts = [np.zeros(n) if b is None else b for b, n in zip(biases, rows, strict=True)]
+    return np.concatenate(parts).astype(np.float32)
 
 
 def _bias_name(weight_name: str) -> str:
