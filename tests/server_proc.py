@@ -16,6 +16,14 @@ import httpx
 START_TIMEOUT_S = 600
 
 
+def wait_for(condition, timeout: float = 60) -> None:
+    """Poll condition() until it holds; fail the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -16,7 +16,7 @@ import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from server_proc import ServerProcess
+from server_proc import ServerProcess, wait_for
 
 CTX = 256
 MAX_BODY = 64 * 1024
@@ -457,23 +457,14 @@ def test_disconnect_aborts_and_frees_blocks(server):
             if seen == 2:
                 break
         assert running() == 1
-    assert _soon(lambda: aborted() - before == 1 and running() == 0)
+    wait_for(lambda: aborted() - before == 1 and running() == 0, timeout=30)
     # non-streaming too: the client gives up while the request runs (a fixed timeout raced
     # the 200 tokens on a fast machine, which then finished them before it saw the close)
     asyncio.run(_give_up_while_running(server, running, {**body, "stream": False}))
-    assert _soon(lambda: aborted() - before == 2 and running() == 0)
+    wait_for(lambda: aborted() - before == 2 and running() == 0, timeout=30)
     assert server.metric("edgeinfer:kv_cache_usage_perc") == 0.0
     assert server.metric("edgeinfer:kv_window_cache_usage_perc") == 0.0  # no window layers
     assert '"finish_reason": "disconnect"' in server.output()
-
-
-def _soon(condition, seconds: float = 30) -> bool:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 async def _give_up_while_running(server, running, body) -> None:

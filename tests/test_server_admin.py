@@ -11,7 +11,7 @@ import time
 import httpx
 import openai
 import pytest
-from server_proc import ServerProcess
+from server_proc import ServerProcess, wait_for
 
 HI = [{"role": "user", "content": "Say hello."}]
 KEY, FILE_KEY = "sk-test-one", "sk-test-two"
@@ -145,10 +145,10 @@ def test_queue_full_is_503_and_priority_orders_the_queue(single):
 
     low = threading.Thread(target=send, args=("low", 10))
     low.start()
-    _wait_for(lambda: single.metric("edgeinfer:num_requests_waiting") == 1)
+    wait_for(lambda: single.metric("edgeinfer:num_requests_waiting") == 1)
     high = threading.Thread(target=send, args=("high", -10))
     high.start()
-    _wait_for(lambda: single.metric("edgeinfer:num_requests_waiting") == 2)
+    wait_for(lambda: single.metric("edgeinfer:num_requests_waiting") == 2)
 
     full = single.post("/v1/completions", {"prompt": "x", "max_tokens": 1})
     assert full.status_code == 503, full.text
@@ -160,13 +160,6 @@ def test_queue_full_is_503_and_priority_orders_the_queue(single):
     high.join(120)
     assert errors == [] and finished == ["high", "low"]
     assert single.post("/v1/completions", {"prompt": "x", "max_tokens": 1}).status_code == 200
-
-
-def _wait_for(condition, timeout=60):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
 
 
 def test_sigterm_aborts_streams_and_exits_0(single):
