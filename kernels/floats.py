@@ -6,8 +6,9 @@ tile for BLAS. Every row-wise call takes the row-tile kernel (it computes each r
 """
 
 import numpy as np
-from gguf import GGMLQuantizationType
 from numba import njit
+
+from edgeinfer.gguf.constants import GGMLQuantizationType
 
 from . import threads
 from .floatbits import bf16_to_float, half_to_float

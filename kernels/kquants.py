@@ -12,8 +12,9 @@ unpacking.
 """
 
 import numpy as np
-from gguf import GGMLQuantizationType
 from numba import njit
+
+from edgeinfer.gguf.constants import GGMLQuantizationType
 
 from .byte_gemm import BYTE_GEMM_FROM
 from .byte_gemm import ENABLED as BYTE_GEMM_ENABLED

@@ -15,10 +15,11 @@ m * dx * sum(xq).
 from typing import NamedTuple
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
+
+from edgeinfer.gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .byte_gemm import QK, store_in_lane_order
 from .simd import (

@@ -54,9 +54,9 @@ from dataclasses import dataclass
 from functools import partial
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 from edgeinfer.gguf.tensor_types import KERNEL_FAMILIES
 
 

@@ -15,8 +15,9 @@ import types
 from collections.abc import Callable
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from numba import njit, prange
+
+from edgeinfer.gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .block_matmul import Fused, block_matmul, block_matmul_shared, parts_of
 from .byte_gemm import ENABLED as BYTE_GEMM_ENABLED

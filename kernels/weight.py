@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from gguf import GGMLQuantizationType
+
+from edgeinfer.gguf.constants import GGMLQuantizationType
 
 from .block_matmul import parts_of
 from .registry import QuantType, as_qtype, get_unit

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes as C
 from dataclasses import dataclass
 
-from gguf import GGMLQuantizationType as T
+from edgeinfer.gguf.constants import GGMLQuantizationType as T
 
 from .lib import CGraph, GGMLError, InitParams, load, tensor
 

@@ -15,9 +15,8 @@ import ctypes as C
 import functools
 from pathlib import Path
 
-from gguf import GGML_QUANT_SIZES
-
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.gguf.constants import GGML_QUANT_SIZES
 from edgeinfer.kernels.registry import supported_types
 
 # What these bindings were written against: llama-cpp-python 0.3.36's ggml.

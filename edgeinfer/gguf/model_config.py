@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from gguf import GGUFValueType
 
 from edgeinfer.errors import GGUFError
+from edgeinfer.gguf.constants import GGUFValueType
 from edgeinfer.gguf.reader import INTEGER_VALUE_TYPES, GGUFFile
 from edgeinfer.models import ARCHITECTURES
 from edgeinfer.models.layout import tensor_shapes

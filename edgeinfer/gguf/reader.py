@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from edgeinfer.errors import GGUFError
+from edgeinfer.gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from edgeinfer.gguf.tensor_types import SUPPORTED_TENSOR_TYPES
 
 GGUF_MAGIC = b"GGUF"

@@ -6,7 +6,7 @@ a type's family module (kernels/floats.py, legacy.py, kquants.py) the first time
 Plain data, so reading a file never imports the kernels.
 """
 
-from gguf import GGMLQuantizationType as Q
+from edgeinfer.gguf.constants import GGMLQuantizationType as Q
 
 KERNEL_FAMILIES: dict[Q, str] = {
     Q.F32: "floats", Q.F16: "floats", Q.BF16: "floats",
