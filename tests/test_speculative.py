@@ -93,6 +93,40 @@ def test_ngram_proposes_what_followed_the_latest_longest_match():
     assert not p._index
 
 
+def test_ngram_follows_the_copy_it_is_in_before_a_later_match():
+    p = NgramProposer(max_n=3, min_n=1)
+    first, later = [10, 1, 2, 3, 4, 5, 6], [11, 2, 3, 4, 9, 9]
+    seq = Seq(0, first + later + [10, 1])
+    assert p.propose([seq], [2]) == [[2, 3]]  # [10, 1] occurs in the first passage only
+    seq.token_ids += [2, 3, 4]  # both accepted, and the model's next token follows the copy
+    # [2, 3, 4] last occurred in the later passage, followed by 9, 9: the copy goes on with 5, 6
+    assert p.propose([seq], [2]) == [[5, 6]]
+    seq.token_ids += [5, 7]  # the copy breaks off: back to the latest match of the last tokens
+    assert p.propose([seq], [2]) == [[]]
+    seq.token_ids += [11]
+    assert p.propose([seq], [2]) == [[2, 3]]
+    p.forget(0)
+    assert not p._index and not p._copied
+
+
+def test_only_misses_in_a_row_pause_proposals():
+    spec = Speculator(Never(), spec_k=8)
+    seq = Seq(0, [1, 2, 3])
+    pauses = []
+    for _ in range(5):
+        assert 0 in spec.drafts([seq])
+        spec.record(0, 1, 0)
+        pauses.append(spec._pace[0].pause)
+        while spec._pace[0].pause:
+            assert spec.drafts([seq]) == {}
+    assert pauses == [0, 2, 6, 14, 30]
+    spec.drafts([seq])
+    spec.record(0, 1, 1)  # a hit ends the run of misses
+    spec.drafts([seq])
+    spec.record(0, 2, 0)
+    assert spec._pace[0].pause == 0
+
+
 class Never:
     """A proposer whose guesses are always rejected."""
 

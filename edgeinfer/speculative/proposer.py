@@ -7,8 +7,9 @@ from abc import ABC, abstractmethod
 
 class Proposer(ABC):
     """Guesses how sequences continue. A guess must be a deterministic function of the
-    sequence's tokens (a point-mass draft distribution): that is what `Sampler.verify`'s
-    acceptance rule assumes to keep the output distribution unchanged."""
+    sequence so far, its tokens and the guesses made for it before (a point-mass draft
+    distribution, fixed before its verification): that is what `Sampler.verify`'s acceptance
+    rule assumes to keep the output distribution unchanged."""
 
     @abstractmethod
     def propose(self, seqs: list, ks: list[int]) -> list[list[int]]:

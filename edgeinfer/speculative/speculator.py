@@ -2,9 +2,11 @@
 
 Adaptive k: a sequence starts at spec_k draft tokens; a fully accepted draft doubles its next
 one (up to spec_k), a partly accepted one shrinks it to the accepted length plus one,
-and a draft with nothing accepted halves k and pauses proposals for 2, 4, ... 64 steps. A
-verified token costs a decode row, so a sequence whose guesses always fail pays for one extra
-row every 64 steps (about 1 %), while one that copies its prompt keeps k at its largest.
+and a draft with nothing accepted halves k and pauses proposals for 0, 2, 6, 14, ... 64 steps
+(misses in a row): a first miss is often a copy that moves on (a quoting summary's next
+sentence), whose next guess holds. A verified token costs a decode row, so a sequence whose
+guesses always fail pays for one extra row every 64 steps (about 1 %), while one that copies
+its prompt keeps k at its largest.
 Drafts only fill a step up to STEP_ROWS rows: many sequences decoding at once get short drafts,
 or none. A request's own SamplingParams.spec_k caps its drafts (0: none).
 """
@@ -80,7 +82,7 @@ class Speculator:
         else:
             pace.k = max(1, pace.k // 2)
             pace.misses += 1
-            pace.pause = min(MAX_PAUSE, 2**pace.misses)
+            pace.pause = min(MAX_PAUSE, 2**pace.misses - 2)
 
     def counts(self) -> dict[str, int]:
         """The counters, named as EngineStats names them."""
