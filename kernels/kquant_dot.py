@@ -5,7 +5,9 @@ The 256 weights are 8 groups of 32. A group's unsigned fields q (2 to 6 bits, fr
 byte arrays) are multiplied by 32 activations as bytes (`simd._byte_pair_sums`: vpmaddubsw on
 x86), the 16-bit pair sums by their integer sub-block scales (vpmaddwd), and the 32-bit lanes
 summed over the super-block: one conversion to float and one multiply by d * dx per super-block
-rather than every 16 weights (llama.cpp's AVX2 K-quant kernels take the same route). Group g's
+rather than every 16 weights (llama.cpp's AVX2 K-quant kernels take the same route). With VNNI a
+group's bytes take one vpdpbusd and its scales one vpdpwssd; with AVX-512 VNNI two groups share
+each 512-bit instruction, and their lanes fold into 8 at the end, the same integer sums. Group g's
 16-weight halves take the super-block's scales 2g and 2g + 1 (one per 16 weights; a type with
 one per 32 repeats each).
 
@@ -27,10 +29,10 @@ from .simd import (
     _I32,
     LANES,
     VNNI_256,
+    VNNI_512,
     _activations,
     _add_to,
     _byte_pair_sums,
-    _byte_quad_sums,
     _load,
     _pair_sums,
     _pick,
@@ -43,6 +45,7 @@ from .simd import (
 )
 
 GROUPS, GROUP = 8, 32  # 32-weight groups per super-block
+SPAN = 2 if VNNI_512 else 1  # groups per byte dot-product instruction (VNNI): 256 or 512 bits
 QK_K = GROUPS * GROUP
 SUM_GROUP = 16  # activation sums per 16 values: the finest scale group of any K-quant
 
@@ -203,25 +206,14 @@ def super_block_dot(layout: Layout):
                 return _half_times(context, builder, w_type, w, off, at, halves_type, halves, dx)
 
             sc, mins = _scales_and_mins(context, builder, layout, w_type, w, off)
-            group_scales = _word_group_scales if layout.scales == "signed6" else _group_scales
-            zero = ir.Constant(_vec(_I32, LANES), [0] * LANES)
-            # even and odd groups' sums apart: two chains of vpdpwssd (4-5 cycles each) rather
-            # than one; integer sums, so the same bits in any order
-            totals = [zero, zero]
-            for g in range(GROUPS):
-                q = _group_q(context, builder, layout, w_type, w, off, g)
-                xg = builder.add(xi, ir.Constant(xi.type, GROUP * g))
-                xv = _activations(context, builder, sig.args[3], x, xg)
-                if VNNI_256:  # a sum of 4 products a 32-bit lane, times its scale: 2 instructions
-                    quads = _byte_quad_sums(builder, zero, q, xv, one)
-                    scales = _quad_scales(builder, sc, g)
-                    totals[g % 2] = _vnni(builder, "vpdpwssd", totals[g % 2], quads, scales)
-                    continue
-                part = _pair_sums(
-                    builder, _byte_pair_sums(builder, q, xv, one), group_scales(builder, sc, g)
+            if VNNI_256:
+                total = _scaled_quad_sums(
+                    context, builder, layout, (w_type, w, off), (sig.args[3], x, xi), sc
                 )
-                totals[g % 2] = builder.add(totals[g % 2], part)
-            total = builder.add(totals[0], totals[1])
+            else:
+                total = _scaled_pair_sums(
+                    context, builder, layout, (w_type, w, off), (sig.args[3], x, xi), sc, one
+                )
             if layout.offset or mins is not None:
                 sums = _load(builder, _ptr(context, builder, sig.args[4], xs, xsi), _vec(_I32, 16))
             if layout.offset:
@@ -238,6 +230,56 @@ def super_block_dot(layout: Layout):
         return f32(acc, w, off, x, xs, b, f32, halves, u8), codegen
 
     return dot
+
+
+def _scaled_quad_sums(context, builder, layout, weights, acts, sc):
+    # weights: (w type, w, off), acts: (x type, x, xi), the super-block's -> <8 x i32> lanes of
+    # sum_j sc_j * sum(q * x) (j: its 16-weight sub-blocks), lane i the sums of each group's bytes
+    # 4i .. 4i + 3: SPAN groups a vpdpbusd (sums of 4 products a 32-bit lane) and a vpdpwssd by
+    # their scales. Alternate spans sum in two chains of vpdpwssd (4-5 cycles each) rather than
+    # one; integer sums, so the same bits in any order and at any SPAN.
+    lanes = LANES * SPAN
+    zero = ir.Constant(_vec(_I32, lanes), [0] * lanes)
+    x_type, x, xi = acts
+    totals = [zero, zero]
+    for s, first in enumerate(range(0, GROUPS, SPAN)):
+        groups = range(first, first + SPAN)
+        q = [_group_q(context, builder, layout, *weights, g) for g in groups]
+        q = q[0] if SPAN == 1 else builder.shuffle_vector(q[0], q[1], _lanes(2 * GROUP))
+        ptr = _ptr(
+            context, builder, x_type, x, builder.add(xi, ir.Constant(xi.type, GROUP * first))
+        )
+        quads = _vnni(builder, "vpdpbusd", zero, q, _load(builder, ptr, _vec(_I8, GROUP * SPAN)))
+        scales = _quad_scales(builder, sc, groups)
+        totals[s % 2] = _vnni(builder, "vpdpwssd", totals[s % 2], quads, scales)
+    total = builder.add(totals[0], totals[1])
+    if SPAN == 2:  # a 512-bit total: lanes i and i + 8 (the two groups of a span) into lane i
+        low, high = _pick(builder, total, range(LANES)), _pick(builder, total, range(LANES, lanes))
+        total = builder.add(low, high)
+    return total
+
+
+def _scaled_pair_sums(context, builder, layout, weights, acts, sc, one):
+    # as _scaled_quad_sums, without byte dot-product instructions: 16-bit pair sums of each
+    # group's bytes (simd._byte_pair_sums) times their scales (vpmaddwd)
+    group_scales = _word_group_scales if layout.scales == "signed6" else _group_scales
+    x_type, x, xi = acts
+    zero = ir.Constant(_vec(_I32, LANES), [0] * LANES)
+    totals = [zero, zero]
+    for g in range(GROUPS):
+        q = _group_q(context, builder, layout, *weights, g)
+        xv = _activations(
+            context, builder, x_type, x, builder.add(xi, ir.Constant(xi.type, GROUP * g))
+        )
+        part = _pair_sums(
+            builder, _byte_pair_sums(builder, q, xv, one), group_scales(builder, sc, g)
+        )
+        totals[g % 2] = builder.add(totals[g % 2], part)
+    return builder.add(totals[0], totals[1])
+
+
+def _lanes(n):
+    return ir.Constant(_vec(_I32, n), list(range(n)))
 
 
 def _group_scales(builder, sc, g):
@@ -260,19 +302,23 @@ def _scale_bytes(builder, sc):
     return low, builder.ashr(low, _splat(builder, ir.Constant(_I8, 7), 16))
 
 
-def _quad_scales(builder, sc, g):
-    # sc: <16 x i16>, one scale per 16 weights -> <16 x i16> for a multiply-add of group g's
-    # <8 x i32> sums of 4 products (each fits 16 bits) taken as words: word 2j the scale of sum j
-    # (sub-block 2g + j // 4), word 2j + 1 zero, for the sum's upper word
+def _quad_scales(builder, sc, groups):
+    # sc: <16 x i16>, one scale per 16 weights -> <16 * len(groups) x i16> for a multiply-add of
+    # the groups' <8 x i32> sums of 4 products each (each fits 16 bits) taken as words: word 2j
+    # the scale of sum j (of group g = groups[j // 8]: sub-block 2g + j % 8 // 4), word 2j + 1
+    # zero, for the sum's upper word
     low, sign = _scale_bytes(builder, sc)
-    scales = builder.shuffle_vector(low, sign, ir.Constant(_vec(_I32, 32), list(range(32))))
+    scales = builder.shuffle_vector(low, sign, _lanes(32))
     zeros = ir.Constant(_vec(_I8, 32), [0] * 32)
     mask = []
-    for j in range(8):
-        i = 2 * g + j // 4
-        mask += [i, 16 + i, 32, 32]  # the scale's low byte, its sign byte, a zero word
-    mask = ir.Constant(_vec(_I32, 32), mask)
-    return builder.bitcast(builder.shuffle_vector(scales, zeros, mask), _vec(_I16, 16))
+    for g in groups:
+        for j in range(8):
+            i = 2 * g + j // 4
+            mask += [i, 16 + i, 32, 32]  # the scale's low byte, its sign byte, a zero word
+    mask = ir.Constant(_vec(_I32, len(mask)), mask)
+    return builder.bitcast(
+        builder.shuffle_vector(scales, zeros, mask), _vec(_I16, 16 * len(groups))
+    )
 
 
 def _word_group_scales(builder, sc, g):

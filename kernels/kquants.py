@@ -91,7 +91,8 @@ def q2_k_row(raw, halves, out):
 # group g = 4h + s: elements 128h + 32s + l, bits 2s..2s+1 of qs byte 32h + l; its 16-weight
 # halves scaled by the low nibbles of scale bytes 2g and 2g + 1 (minimums: the high ones)
 Q2_K_FIELDS = tuple((Field(16 + 32 * (g // 4), 2 * (g % 4), 2),) for g in range(GROUPS))
-Q2_K = kquant_unit(T.Q2_K, q2_k_row, Layout(Q2_K_FIELDS, "nibbles", 80, dmin_at=82), 24)
+Q2_K_LAYOUT = Layout(Q2_K_FIELDS, "nibbles", 80, dmin_at=82)
+Q2_K = kquant_unit(T.Q2_K, q2_k_row, Q2_K_LAYOUT, 24)
 
 
 # Q3_K: 110 bytes, w = d*(sc_j - 32)*(q - 4*(1 - hbit)), q in 0..3. hmask [0:32] (bit i of byte
@@ -160,7 +161,8 @@ def q4_k_row(raw, halves, out):
 
 # sub-block j (32 weights): the low nibbles (j even) or high nibbles of qs bytes 32 * (j // 2)..
 Q4_K_FIELDS = tuple((Field(16 + 32 * (j // 2), 4 * (j % 2), 4),) for j in range(GROUPS))
-Q4_K = kquant_unit(T.Q4_K, q4_k_row, Layout(Q4_K_FIELDS, "packed6", 0, 2, 4), 12)
+Q4_K_LAYOUT = Layout(Q4_K_FIELDS, "packed6", 0, 2, 4)
+Q4_K = kquant_unit(T.Q4_K, q4_k_row, Q4_K_LAYOUT, 12)
 
 
 # Q5_K: 176 bytes, w = d*sc_j*q - dmin*m_j, q in 0..31. d f16 [0:2], dmin f16 [2:4], 8 x (6-bit
@@ -185,7 +187,8 @@ def q5_k_row(raw, halves, out):
 Q5_K_FIELDS = tuple(
     (Field(48 + 32 * (j // 2), 4 * (j % 2), 4), Field(16, j, 1, 4)) for j in range(GROUPS)
 )
-Q5_K = kquant_unit(T.Q5_K, q5_k_row, Layout(Q5_K_FIELDS, "packed6", 0, 2, 4), 12)
+Q5_K_LAYOUT = Layout(Q5_K_FIELDS, "packed6", 0, 2, 4)
+Q5_K = kquant_unit(T.Q5_K, q5_k_row, Q5_K_LAYOUT, 12)
 
 
 # Q6_K: 210 bytes, w = d*sc_j*(q - 32), q in 0..63, sc_j int8. ql [0:128], qh [128:192], scales

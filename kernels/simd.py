@@ -46,6 +46,8 @@ def _wide_vectors() -> bool:
 # Byte dot products of 256-bit vectors in one instruction (vpdpbusd, vpdpwssd): AVX-512 VNNI with
 # 256-bit forms, or AVX-VNNI. The fused kernels use them directly where the target has them.
 VNNI_256 = {"+avx512vnni", "+avx512vl"} <= target_features() or "+avxvnni" in target_features()
+# and of 512-bit vectors (AVX-512 VNNI)
+VNNI_512 = {"+avx512vnni", "+avx512f"} <= target_features()
 
 
 # VEC_LANES: floats per vector register of the compile target, the width of dot_tile's
@@ -127,12 +129,13 @@ def _byte_pair_sums(builder, q, x, one):
 
 
 def _vnni(builder, name, acc, a, b):
-    # llvm.x86.avx512.<name>.256 (vpdpbusd, vpdpwssd): acc + sums of 4 byte / 2 word products
-    i32x8 = _vec(_I32, 8)
+    # llvm.x86.avx512.<name>.<256|512> (vpdpbusd, vpdpwssd) at acc's width (<8|16 x i32>): acc +
+    # sums of 4 byte / 2 word products
+    ivec = acc.type
     fn = builder.module.declare_intrinsic(
-        f"llvm.x86.avx512.{name}.256", fnty=ir.FunctionType(i32x8, [i32x8] * 3)
+        f"llvm.x86.avx512.{name}.{32 * ivec.count}", fnty=ir.FunctionType(ivec, [ivec] * 3)
     )
-    return builder.call(fn, [acc, builder.bitcast(a, i32x8), builder.bitcast(b, i32x8)])
+    return builder.call(fn, [acc, builder.bitcast(a, ivec), builder.bitcast(b, ivec)])
 
 
 def _byte_quad_sums(builder, start, q, x, one):

@@ -22,10 +22,13 @@ from kernel_checks import (
     random_blocks,
     same_floats,
 )
+from numba import njit
 
 from edgeinfer import kernels
 from edgeinfer.gguf.reader import read_gguf
-from edgeinfer.kernels import simd
+from edgeinfer.kernels import kquant_dot, kquants, simd
+from edgeinfer.kernels.act_quant import quantize_rows
+from edgeinfer.kernels.floatbits import HALF_TABLE, opaque_one
 
 # the package re-exports the function `matmul` under the module's name
 matmul_module = importlib.import_module("edgeinfer.kernels.matmul")
@@ -226,6 +229,54 @@ def test_fused_rows_get_their_one_row_bits_at_every_n(qtype):
         got = np.empty((n, 37), np.float32)
         w.unit.matmul_small(w.packed, x[:n], got)
         assert np.array_equal(got, alone[:n]), f"{qtype.name} n={n}"
+
+
+def _super_block_rows(dot):
+    # -> run(raw, xq, xd, xs, halves, one, out): out[r] = the 8 lanes that dot leaves for weight
+    # row r (a jitted loop of its own: dot is made in the test)
+    @njit
+    def run(raw, xq, xd, xs, halves, one, out):
+        acc = np.zeros(8, np.float32)
+        row_bytes = raw.shape[0] // out.shape[0]
+        for r in range(out.shape[0]):
+            acc[:] = 0
+            for b in range(xd.shape[0]):
+                dot(
+                    acc,
+                    raw,
+                    r * row_bytes + b * row_bytes // xd.shape[0],
+                    xq,
+                    xs,
+                    b,
+                    xd[b],
+                    halves,
+                    one,
+                )
+            out[r] = acc
+
+    return run
+
+
+@pytest.mark.skipif(not simd.VNNI_512, reason="needs AVX-512 VNNI to run both widths")
+@pytest.mark.parametrize("qtype", KQUANTS, ids=lambda t: t.name)
+def test_super_block_dot_same_bits_at_either_vector_width(qtype, monkeypatch):
+    # With AVX-512 VNNI a super-block's dot product takes two groups a 512-bit instruction
+    # (kquant_dot.SPAN), elsewhere one a 256-bit one: each lane must get the same integer sums,
+    # so a model's bits do not depend on which of the two a machine has
+    rng = np.random.default_rng(int(qtype) + 11)
+    rows, in_dim = 7, 1024
+    raw = random_blocks(qtype, rows * in_dim // 256, rng).reshape(-1)
+    x = rng.standard_normal((1, in_dim)).astype(np.float32)
+    xq, xd, xs = quantize_rows(x, 256, kquant_dot.SUM_GROUP, np.int8)
+    layout = getattr(kquants, f"{qtype.name}_LAYOUT")
+    lanes = []
+    for span in (1, 2):
+        monkeypatch.setattr(kquant_dot, "SPAN", span)
+        out = np.empty((rows, 8), np.float32)
+        run = _super_block_rows(kquant_dot.super_block_dot(layout))
+        run(raw, xq[0], xd[0], xs[0], HALF_TABLE, opaque_one(HALF_TABLE), out)
+        lanes.append(out)
+    assert np.array_equal(lanes[0].view(np.uint32), lanes[1].view(np.uint32))
 
 
 @pytest.mark.parametrize("qtype", [t for t in TYPES if t != T.F32], ids=lambda t: t.name)
