@@ -109,20 +109,19 @@ def _row_group(starts, ends, c, last, row_bytes):
 def _row_by_row(block_dot, flat, group, xq, xd, xs, halves, one, out, last, block, block_bytes):
     r0, o0, o1, o2, o3, ahead = group
     acc = accumulators(block)
+    s = carray(local_f32(ROWS), (ROWS,))
     for t in range(xq.shape[0]):
         acc[:] = 0
-        s0 = s1 = s2 = s3 = np.float32(0.0)
+        s[:] = 0
         xr, xsr = xq[t], xs[t]
         for b in range(xd.shape[1]):
             o = b * block_bytes
             if t == 0:
                 prefetch_span(flat, ahead + ROWS * o, ROWS * block_bytes)
-            dx = xd[t, b]
-            s0 += block_dot(acc[0], flat, o0 + o, xr, xsr, b, dx, halves, one)
-            s1 += block_dot(acc[1], flat, o1 + o, xr, xsr, b, dx, halves, one)
-            s2 += block_dot(acc[2], flat, o2 + o, xr, xsr, b, dx, halves, one)
-            s3 += block_dot(acc[3], flat, o3 + o, xr, xsr, b, dx, halves, one)
-        _store_sums(out, t, r0, last, acc, s0, s1, s2, s3)
+            block_dot(
+                acc, s, flat, o0 + o, o1 + o, o2 + o, o3 + o, xr, xsr, b, xd[t, b], halves, one
+            )
+        _store_sums(out, t, r0, last, acc, s[0], s[1], s[2], s[3])
 
 
 # Activation rows t0 .. t1 - 1 (at most SHARED_ROWS) against a row group, blocks outermost: the
@@ -142,21 +141,21 @@ def _shared_blocks(block_dot, flat, group, xq, xd, xs, t0, t1, halves, one, out,
         if t0 == 0:
             prefetch_span(flat, ahead + ROWS * o, ROWS * block_bytes)
         for t in range(t1 - t0):
-            dx, xr, xsr, acc, s = xd[t0 + t, b], xq[t0 + t], xs[t0 + t], accs[t], sums[t]
-            s[0] += block_dot(acc[0], flat, o0 + o, xr, xsr, b, dx, halves, one)
-            s[1] += block_dot(acc[1], flat, o1 + o, xr, xsr, b, dx, halves, one)
-            s[2] += block_dot(acc[2], flat, o2 + o, xr, xsr, b, dx, halves, one)
-            s[3] += block_dot(acc[3], flat, o3 + o, xr, xsr, b, dx, halves, one)
+            dx, xr, xsr = xd[t0 + t, b], xq[t0 + t], xs[t0 + t]
+            block_dot(
+                accs[t], sums[t], flat, o0 + o, o1 + o, o2 + o, o3 + o, xr, xsr, b, dx, halves, one
+            )
     for t in range(t1 - t0):
         s = sums[t]
         _store_sums(out, t0 + t, r0, last, accs[t], s[0], s[1], s[2], s[3])
 
 
-# block_dot(acc f32[LANES], w u8[size], off, xr int8|int16[in], xsr int32[groups], b, dx, halves,
-# one) -> float: adds block b of a weight row (its bytes at w[off]) times activation block b (xr,
-# its sums xsr, its scale dx) into acc's lanes, and returns any part it computes as a scalar (a
-# min or offset term); halves: floatbits.HALF_TABLE, for the block's float16 scales; one:
-# floatbits.opaque_one, for the byte products (see simd._byte_pair_sums).
+# block_dot(acc f32[ROWS, LANES], sums f32[ROWS], w u8[size], o0, o1, o2, o3, xr int8|int16[in],
+# xsr int32[groups], b, dx, halves, one): adds block b of ROWS weight rows (row r's bytes at
+# w[o_r]) times activation block b (xr, its sums xsr, its scale dx) into acc[r]'s lanes, and any
+# part it computes as a scalar (a min term) into sums[r]; halves: floatbits.HALF_TABLE, for the
+# blocks' float16 scales; one: floatbits.opaque_one, for the byte products (see
+# simd._byte_pair_sums).
 # flat: uint8 bytes holding the weight's parts (see row_offset; one weight: starts = [0],
 # ends = [rows]), x: [n, in] float32 -> out: [n, sum of the parts' rows]: several weights of one
 # type and input size (Q, K and V) in one launch. x is quantized to int8 blocks of `block`

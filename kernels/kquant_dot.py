@@ -38,6 +38,7 @@ from .simd import (
     _pick,
     _ptr,
     _read_half,
+    _row_lanes,
     _scaled,
     _splat,
     _vec,
@@ -185,49 +186,51 @@ def _half_times(context, builder, w_type, w, off, at, halves_type, halves, dx):
 
 
 def super_block_dot(layout: Layout):
-    """-> intrinsic dot(acc, w, off, x, xs, b, dx, halves, one), a block dot product for
-    block_matmul: acc[0:8] += partial sums of d * dx * sum_j sc_j * sum((q - offset) * x) -
-    dmin * dx * sum_j m_j * sum(x) over the super-block at w[off:] (j: its 16-weight sub-blocks;
-    d, dmin: its float16 scales, read through halves, floatbits.HALF_TABLE), with
-    x[256 * b : 256 * (b + 1)] int8 activations and xs[16 * b : 16 * (b + 1)] their sums per 16;
-    one: floatbits.opaque_one. Returns 0 (no scalar part)."""
+    """-> intrinsic dot(acc, sums, w, o0, o1, o2, o3, x, xs, b, dx, halves, one), a block dot
+    product for block_matmul, of ROWS weight rows (super-block b of row r at w[o_r:]):
+    acc[r, 0:8] += partial sums of d * dx * sum_j sc_j * sum((q - offset) * x) -
+    dmin * dx * sum_j m_j * sum(x) (j: the super-block's 16-weight sub-blocks; d, dmin: its
+    float16 scales, read through halves, floatbits.HALF_TABLE), with x[256 * b : 256 * (b + 1)]
+    int8 activations and xs[16 * b : 16 * (b + 1)] their sums per 16; one:
+    floatbits.opaque_one. sums (a scalar part per row) is left as it is."""
     assert layout.scales in SCALE_SOURCES, layout.scales
     assert (layout.dmin_at is not None) == (layout.scales in _WITH_MINS), layout
 
     @intrinsic
-    def dot(typingctx, acc, w, off, x, xs, b, dx, halves, one):
+    def dot(typingctx, acc, sums, w, o0, o1, o2, o3, x, xs, b, dx, halves, one):
         def codegen(context, builder, sig, args):
-            acc, w, off, x, xs, b, dx, halves, one = args
-            w_type, halves_type = sig.args[1], sig.args[7]
+            acc, _, w, *offsets, x, xs, b, dx, halves, one = args
+            w_type, halves_type = sig.args[2], sig.args[11]
             xi = builder.mul(b, ir.Constant(b.type, QK_K))
             xsi = builder.mul(b, ir.Constant(b.type, QK_K // SUM_GROUP))
+            if layout.offset or layout.dmin_at is not None:
+                x_sums = _ptr(context, builder, sig.args[8], xs, xsi)
+                x_sums = _load(builder, x_sums, _vec(_I32, 16))
+            for r, off in enumerate(offsets):
 
-            def times_dx(at):
-                return _half_times(context, builder, w_type, w, off, at, halves_type, halves, dx)
+                def times_dx(at, off=off):
+                    return _half_times(
+                        context, builder, w_type, w, off, at, halves_type, halves, dx
+                    )
 
-            sc, mins = _scales_and_mins(context, builder, layout, w_type, w, off)
-            if VNNI_256:
-                total = _scaled_quad_sums(
-                    context, builder, layout, (w_type, w, off), (sig.args[3], x, xi), sc
-                )
-            else:
-                total = _scaled_pair_sums(
-                    context, builder, layout, (w_type, w, off), (sig.args[3], x, xi), sc, one
-                )
-            if layout.offset or mins is not None:
-                sums = _load(builder, _ptr(context, builder, sig.args[4], xs, xsi), _vec(_I32, 16))
-            if layout.offset:
-                offset = _splat(builder, ir.Constant(_I32, layout.offset), LANES)
-                total = builder.sub(total, builder.mul(_per_16(builder, sc, sums), offset))
-            parts = [_scaled(builder, total, times_dx(layout.d_at))]
-            if mins is not None:
-                min_scale = builder.fneg(times_dx(layout.dmin_at))
-                parts.append(_scaled(builder, _per_16(builder, mins, sums), min_scale))
-            _add_to(context, builder, sig.args[0], acc, parts)
-            return context.get_constant(types.float32, 0.0)
+                weights, acts = (w_type, w, off), (sig.args[7], x, xi)
+                sc, mins = _scales_and_mins(context, builder, layout, w_type, w, off)
+                if VNNI_256:
+                    total = _scaled_quad_sums(context, builder, layout, weights, acts, sc)
+                else:
+                    total = _scaled_pair_sums(context, builder, layout, weights, acts, sc, one)
+                if layout.offset:
+                    offset = _splat(builder, ir.Constant(_I32, layout.offset), LANES)
+                    total = builder.sub(total, builder.mul(_per_16(builder, sc, x_sums), offset))
+                parts = [_scaled(builder, total, times_dx(layout.d_at))]
+                if mins is not None:
+                    min_scale = builder.fneg(times_dx(layout.dmin_at))
+                    parts.append(_scaled(builder, _per_16(builder, mins, x_sums), min_scale))
+                _add_to(builder, _row_lanes(context, builder, sig.args[0], acc, r), parts)
+            return context.get_dummy_value()
 
         f32, u8 = types.float32, types.uint8
-        return f32(acc, w, off, x, xs, b, f32, halves, u8), codegen
+        return types.void(acc, sums, w, o0, o1, o2, o3, x, xs, b, f32, halves, u8), codegen
 
     return dot
 

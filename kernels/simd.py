@@ -155,21 +155,25 @@ def _scaled(builder, sums, scale):
     return builder.fmul(as_float, _splat(builder, scale, LANES), flags=["contract"])
 
 
-def _add_to(context, builder, acc_type, acc, parts):
-    # acc: float32[8] array; acc[0:8] += sum of parts (<8 x float> each)
-    ptr = _ptr(context, builder, acc_type, acc, ir.Constant(_I32, 0))
-    ptr = builder.bitcast(ptr, _vec(_F32, LANES).as_pointer())
-    total = builder.load(ptr, align=4)
+def _row_lanes(context, builder, acc_type, acc, row):
+    # acc: float32[rows, 8], C order -> a <8 x float> pointer to acc[row]
+    ptr = _ptr(context, builder, acc_type, acc, ir.Constant(_I32, row * LANES))
+    return builder.bitcast(ptr, _vec(_F32, LANES).as_pointer())
+
+
+def _add_to(builder, lanes, parts):
+    # lanes: <8 x float> pointer (_row_lanes); *lanes += sum of parts (<8 x float> each)
+    total = builder.load(lanes, align=4)
     for part in parts:
         total = builder.fadd(total, part, flags=["contract"])
-    builder.store(total, ptr, align=4)
+    builder.store(total, lanes, align=4)
 
 
-def _accumulate_dot(context, builder, acc_type, acc, w, x, scale):
-    # w, x: <32 x i8 | i16> -> acc[0:8] += scale * (lane i: products 2i, 2i+1, 2i+16, 2i+17)
+def _accumulate_dot(builder, lanes, w, x, scale):
+    # w, x: <32 x i8 | i16> -> *lanes += scale * (lane i: products 2i, 2i+1, 2i+16, 2i+17)
     pairs = _pair_sums(builder, w, x)
     sums = builder.add(_pick(builder, pairs, range(8)), _pick(builder, pairs, range(8, 16)))
-    _add_to(context, builder, acc_type, acc, [_scaled(builder, sums, scale)])
+    _add_to(builder, lanes, [_scaled(builder, sums, scale)])
 
 
 def _activations(context, builder, array_type, array, offset):
@@ -203,14 +207,14 @@ def _fifth_bits(builder, ptr, hi_ptr):
     return builder.or_(q, builder.select(is_set, sixteen, zeros))
 
 
-def _accumulate_bytes(context, builder, acc_type, acc, q, x, minus, scale, one):
-    # q: <32 x i8> unsigned, x: <32 x i8> -> acc[0:8] += scale * partial sums of dot(q, x) -
+def _accumulate_bytes(builder, lanes, q, x, minus, scale, one):
+    # q: <32 x i8> unsigned, x: <32 x i8> -> *lanes += scale * partial sums of dot(q, x) -
     # minus (an int32, taken from lane 0: a weight offset times the block's activation sum,
     # exact in the integers, where a float term per row cost a conversion and a register)
     zeros = ir.Constant(_vec(_I32, LANES), [0] * LANES)
     start = builder.insert_element(zeros, builder.neg(minus), ir.Constant(_I32, 0))
     sums = _byte_quad_sums(builder, start, q, x, one)
-    _add_to(context, builder, acc_type, acc, [_scaled(builder, sums, scale)])
+    _add_to(builder, lanes, [_scaled(builder, sums, scale)])
 
 
 # llvm.prefetch's locality for every hint: 2, into L2 (prefetcht1 on x86, PLDL2KEEP on aarch64)

@@ -233,26 +233,20 @@ def test_fused_rows_get_their_one_row_bits_at_every_n(qtype):
 
 def _super_block_rows(dot):
     # -> run(raw, xq, xd, xs, halves, one, out): out[r] = the 8 lanes that dot leaves for weight
-    # row r (a jitted loop of its own: dot is made in the test)
+    # row r, 4 rows a call (a jitted loop of its own: dot is made in the test)
     @njit
     def run(raw, xq, xd, xs, halves, one, out):
-        acc = np.zeros(8, np.float32)
+        acc = np.zeros((4, 8), np.float32)
+        sums = np.zeros(4, np.float32)
         row_bytes = raw.shape[0] // out.shape[0]
-        for r in range(out.shape[0]):
+        block_bytes = row_bytes // xd.shape[0]
+        for r in range(0, out.shape[0], 4):
             acc[:] = 0
             for b in range(xd.shape[0]):
-                dot(
-                    acc,
-                    raw,
-                    r * row_bytes + b * row_bytes // xd.shape[0],
-                    xq,
-                    xs,
-                    b,
-                    xd[b],
-                    halves,
-                    one,
-                )
-            out[r] = acc
+                o = r * row_bytes + b * block_bytes
+                rows = (o, o + row_bytes, o + 2 * row_bytes, o + 3 * row_bytes)
+                dot(acc, sums, raw, *rows, xq, xs, b, xd[b], halves, one)
+            out[r : r + 4] = acc
 
     return run
 
@@ -264,7 +258,7 @@ def test_super_block_dot_same_bits_at_either_vector_width(qtype, monkeypatch):
     # (kquant_dot.SPAN), elsewhere one a 256-bit one: each lane must get the same integer sums,
     # so a model's bits do not depend on which of the two a machine has
     rng = np.random.default_rng(int(qtype) + 11)
-    rows, in_dim = 7, 1024
+    rows, in_dim = 8, 1024
     raw = random_blocks(qtype, rows * in_dim // 256, rng).reshape(-1)
     x = rng.standard_normal((1, in_dim)).astype(np.float32)
     xq, xd, xs = quantize_rows(x, 256, kquant_dot.SUM_GROUP, np.int8)
