@@ -141,7 +141,8 @@ def _shared_blocks(block_dot, flat, group, xq, xd, xs, t0, t1, halves, one, out,
         if t0 == 0:
             prefetch_span(flat, ahead + ROWS * o, ROWS * block_bytes)
         for t in range(t1 - t0):
-            dx, xr, xsr = xd[t0 + t, b], xq[t0 + t], xs[t0 + t]
+            row = np.uint64(t0 + t)  # unsigned: no negative-index fix-up for each block
+            dx, xr, xsr = xd[row, b], xq[row], xs[row]
             block_dot(
                 accs[t], sums[t], flat, o0 + o, o1 + o, o2 + o, o3 + o, xr, xsr, b, dx, halves, one
             )
