@@ -64,17 +64,17 @@ def row_offset(starts, ends, r, row_bytes):
     return starts[p] + (r - (ends[p - 1] if p > 0 else 0)) * row_bytes
 
 
-# out[t, r0 .. r0 + 3] = a row group's sums (acc: its lanes, s0..s3: its scalar parts), the rows
-# up to last
+# out[t, r0 .. r0 + 3] = a row group's sums (acc: its lanes, s: its scalar parts), the rows up to
+# last
 @njit(cache=True, inline="always")
-def _store_sums(out, t, r0, last, acc, s0, s1, s2, s3):
-    out[t, r0] = acc[0].sum() + s0
+def _store_sums(out, t, r0, last, acc, s):
+    out[t, r0] = acc[0].sum() + s[0]
     if r0 + 1 <= last:
-        out[t, r0 + 1] = acc[1].sum() + s1
+        out[t, r0 + 1] = acc[1].sum() + s[1]
     if r0 + 2 <= last:
-        out[t, r0 + 2] = acc[2].sum() + s2
+        out[t, r0 + 2] = acc[2].sum() + s[2]
     if r0 + 3 <= last:
-        out[t, r0 + 3] = acc[3].sum() + s3
+        out[t, r0 + 3] = acc[3].sum() + s[3]
 
 
 # -> x quantized (xq, xd, xs: see act_quant), floatbits.opaque_one, the last output row and the
@@ -121,7 +121,7 @@ def _row_by_row(block_dot, flat, group, xq, xd, xs, halves, one, out, last, bloc
             block_dot(
                 acc, s, flat, o0 + o, o1 + o, o2 + o, o3 + o, xr, xsr, b, xd[t, b], halves, one
             )
-        _store_sums(out, t, r0, last, acc, s[0], s[1], s[2], s[3])
+        _store_sums(out, t, r0, last, acc, s)
 
 
 # Activation rows t0 .. t1 - 1 (at most SHARED_ROWS) against a row group, blocks outermost: the
@@ -147,8 +147,7 @@ def _shared_blocks(block_dot, flat, group, xq, xd, xs, t0, t1, halves, one, out,
                 accs[t], sums[t], flat, o0 + o, o1 + o, o2 + o, o3 + o, xr, xsr, b, dx, halves, one
             )
     for t in range(t1 - t0):
-        s = sums[t]
-        _store_sums(out, t0 + t, r0, last, accs[t], s[0], s[1], s[2], s[3])
+        _store_sums(out, t0 + t, r0, last, accs[t], sums[t])
 
 
 # block_dot(acc f32[ROWS, LANES], sums f32[ROWS], w u8[size], o0, o1, o2, o3, xr int8|int16[in],

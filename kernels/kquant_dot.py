@@ -33,6 +33,7 @@ from .simd import (
     _activations,
     _add_to,
     _byte_pair_sums,
+    _lanes,
     _load,
     _pair_sums,
     _pick,
@@ -47,10 +48,6 @@ from .simd import (
 
 GROUPS, GROUP = 8, 32  # 32-weight groups per super-block
 SPAN = 2 if VNNI_512 else 1  # groups per byte dot-product instruction (VNNI): 256 or 512 bits
-# vpdpwssd chains a super-block: two at 256 bits, where one of 8 (4-5 cycles each) bounded a row;
-# one of 4 at 512 bits, where LLVM splits a second chain's vpdpwssd into vpmaddwd and vpaddd, one
-# more instruction on AVX-512's two 512-bit ports (Q4_K 0.94x the speed, Intel Xeon)
-CHAINS = 1 if SPAN == 2 else 2
 QK_K = GROUPS * GROUP
 SUM_GROUP = 16  # activation sums per 16 values: the finest scale group of any K-quant
 
@@ -210,13 +207,11 @@ def super_block_dot(layout: Layout):
             if layout.offset or layout.dmin_at is not None:
                 x_sums = _ptr(context, builder, sig.args[8], xs, xsi)
                 x_sums = _load(builder, x_sums, _vec(_I32, 16))
+
+            def times_dx(off, at):
+                return _half_times(context, builder, w_type, w, off, at, halves_type, halves, dx)
+
             for r, off in enumerate(offsets):
-
-                def times_dx(at, off=off):
-                    return _half_times(
-                        context, builder, w_type, w, off, at, halves_type, halves, dx
-                    )
-
                 weights, acts = (w_type, w, off), (sig.args[7], x, xi)
                 sc, mins = _scales_and_mins(context, builder, layout, w_type, w, off)
                 if VNNI_256:
@@ -226,9 +221,9 @@ def super_block_dot(layout: Layout):
                 if layout.offset:
                     offset = _splat(builder, ir.Constant(_I32, layout.offset), LANES)
                     total = builder.sub(total, builder.mul(_per_16(builder, sc, x_sums), offset))
-                parts = [_scaled(builder, total, times_dx(layout.d_at))]
+                parts = [_scaled(builder, total, times_dx(off, layout.d_at))]
                 if mins is not None:
-                    min_scale = builder.fneg(times_dx(layout.dmin_at))
+                    min_scale = builder.fneg(times_dx(off, layout.dmin_at))
                     parts.append(_scaled(builder, _per_16(builder, mins, x_sums), min_scale))
                 _add_to(builder, _row_lanes(context, builder, sig.args[0], acc, r), parts)
             return context.get_dummy_value()
@@ -243,12 +238,15 @@ def _scaled_quad_sums(context, builder, layout, weights, acts, sc):
     # weights: (w type, w, off), acts: (x type, x, xi), the super-block's -> <8 x i32> lanes of
     # sum_j sc_j * sum(q * x) (j: its 16-weight sub-blocks), lane i the sums of each group's bytes
     # 4i .. 4i + 3: SPAN groups a vpdpbusd (sums of 4 products a 32-bit lane) and a vpdpwssd by
-    # their scales, in CHAINS chains of vpdpwssd; integer sums, so the same bits in any order and
-    # at any SPAN.
+    # their scales; integer sums, so the same bits in any order and at any SPAN. The vpdpwssd
+    # make two chains at 256 bits, where one of 8 (4-5 cycles each) bounded a row, and one of 4
+    # at 512 bits, where LLVM splits a second chain's vpdpwssd into vpmaddwd and vpaddd, one more
+    # instruction on AVX-512's two 512-bit ports (Q4_K 0.94x the speed, Intel Xeon).
+    chains = 1 if SPAN == 2 else 2
     lanes = LANES * SPAN
     zero = ir.Constant(_vec(_I32, lanes), [0] * lanes)
     x_type, x, xi = acts
-    totals = [zero] * CHAINS
+    totals = [zero] * chains
     for s, first in enumerate(range(0, GROUPS, SPAN)):
         groups = range(first, first + SPAN)
         q = [_group_q(context, builder, layout, *weights, g) for g in groups]
@@ -258,8 +256,8 @@ def _scaled_quad_sums(context, builder, layout, weights, acts, sc):
         )
         quads = _vnni(builder, "vpdpbusd", zero, q, _load(builder, ptr, _vec(_I8, GROUP * SPAN)))
         scales = _quad_scales(builder, sc, groups)
-        totals[s % CHAINS] = _vnni(builder, "vpdpwssd", totals[s % CHAINS], quads, scales)
-    total = totals[0] if CHAINS == 1 else builder.add(totals[0], totals[1])
+        totals[s % chains] = _vnni(builder, "vpdpwssd", totals[s % chains], quads, scales)
+    total = totals[0] if chains == 1 else builder.add(totals[0], totals[1])
     if SPAN == 2:  # a 512-bit total: lanes i and i + 8 (the two groups of a span) into lane i
         low, high = _pick(builder, total, range(LANES)), _pick(builder, total, range(LANES, lanes))
         total = builder.add(low, high)
@@ -283,10 +281,6 @@ def _scaled_pair_sums(context, builder, layout, weights, acts, sc, one):
         )
         totals[g % 2] = builder.add(totals[g % 2], part)
     return builder.add(totals[0], totals[1])
-
-
-def _lanes(n):
-    return ir.Constant(_vec(_I32, n), list(range(n)))
 
 
 def _group_scales(builder, sc, g):

@@ -76,6 +76,11 @@ def _splat(builder, value, n):
     return builder.shuffle_vector(v, v, ir.Constant(_vec(_I32, n), [0] * n))
 
 
+def _lanes(n):
+    # <n x i32> 0 .. n - 1: a shuffle mask that joins two vectors of n / 2 lanes
+    return ir.Constant(_vec(_I32, n), list(range(n)))
+
+
 def _pick(builder, v, idx):
     idx = list(idx)
     return builder.shuffle_vector(v, v, ir.Constant(_vec(_I32, len(idx)), idx))
@@ -187,7 +192,7 @@ def _nibbles(builder, ptr):
     b = _load(builder, ptr, _vec(_I8, 16))
     low = builder.and_(b, _splat(builder, ir.Constant(_I8, 15), 16))
     high = builder.lshr(b, _splat(builder, ir.Constant(_I8, 4), 16))
-    return builder.shuffle_vector(low, high, ir.Constant(_vec(_I32, 32), list(range(32))))
+    return builder.shuffle_vector(low, high, _lanes(32))
 
 
 def _fifth_bits(builder, ptr, hi_ptr):
