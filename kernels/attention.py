@@ -71,8 +71,8 @@ PARALLEL_MERGE_MIN = 8
 # (the same bits: a token's partials do not depend on what else is in the pass).
 KEPT_BYTES = 8 << 20
 PREFETCH_BLOCKS = 2
-# Reassociation and no-NaN let the max over a row of scores vectorize (the products are
-# simd.fma_tile's, in a fixed order); no no-infinities flag (softmax states start at -inf).
+# Fast-math flags for the softmax loops (the products are simd.fma_tile's, in a fixed order, and
+# a row's max and sum are taken in lanes); no no-infinities flag (softmax states start at -inf).
 _FAST = {"reassoc", "contract", "nnan", "nsz"}
 _NEG_INF = np.float32(-np.inf)
 
@@ -311,9 +311,17 @@ def _attend(
         if e <= a:
             row[:] = 0.0  # no key of this chunk is visible: the state stays empty
             continue
-        mx = row[a]
-        for j in range(a + 1, e):
-            mx = max(mx, row[j])
+        # The max in lanes, as the sum below, or it is one chain of scalar compares; a max
+        # does not round, so the order changes nothing (but a tie of -0 and +0, alike to exp).
+        lanes[:] = _NEG_INF
+        for j0 in range(0, n_keys, TILE_COLS):
+            for k in range(TILE_COLS):
+                j = j0 + k
+                v = row[j] if (j >= a) & (j < e) else _NEG_INF
+                lanes[k] = v if v > lanes[k] else lanes[k]
+        mx = lanes[0]
+        for k in range(1, TILE_COLS):
+            mx = max(mx, lanes[k])
         for j in range(n_keys):  # the whole row, masked after: the loop has no branch
             w = exp_f32(row[j] - mx)
             row[j] = w if (j >= a) & (j < e) else np.float32(0.0)

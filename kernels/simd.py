@@ -570,11 +570,15 @@ TILE_COLS = 16  # columns of fma_tile: one vector per row (two on 256-bit target
 # sign-extended to 32 bits and shifted left by F16_SHIFT, has its sign, exponent and mantissa in
 # float32 position once F16_MASK clears the extension; times F16_REBIAS the exponent is rebiased
 # (bias 15 -> 127), exact for normal and subnormal halves alike. (inf/NaN halves, which a usable
-# KV cache never holds, come out large and finite.) LLVM's own half conversion is one
-# instruction on x86 with F16C, but without it a library call Numba cannot link.
+# KV cache never holds, come out large and finite.) LLVM's own half conversion is a library call
+# Numba cannot link, except where the target converts halves itself: x86 with F16C and every
+# aarch64, where fma_tile takes it (one instruction for these four: the same bits).
 F16_SHIFT = 13
 F16_MASK = -0x70002000  # 0x8FFFE000: sign, then the half's exponent and mantissa
 F16_REBIAS = 2.0**112
+HALF_CONVERT = "+f16c" in target_features() or llvm.get_process_triple().startswith(
+    ("aarch64", "arm64")
+)
 
 
 def _f32_lanes(builder, ptr, elem):
@@ -585,6 +589,9 @@ def _f32_lanes(builder, ptr, elem):
         return _load(builder, ptr, _vec(_F32, n))
     if elem == _I8:
         return builder.sitofp(_load(builder, ptr, _vec(_I8, n)), _vec(_F32, n))
+    if HALF_CONVERT:
+        halves = builder.bitcast(_load(builder, ptr, _vec(_I16, n)), _vec(ir.HalfType(), n))
+        return builder.fpext(halves, _vec(_F32, n))
     w = builder.sext(_load(builder, ptr, _vec(_I16, n)), _vec(_I32, n))
     w = builder.shl(w, _i32_lanes(F16_SHIFT, n))
     w = builder.and_(w, _i32_lanes(F16_MASK, n))
