@@ -7,7 +7,8 @@ x86), the 16-bit pair sums by their integer sub-block scales (vpmaddwd), and the
 summed over the super-block: one conversion to float and one multiply by d * dx per super-block
 rather than every 16 weights (llama.cpp's AVX2 K-quant kernels take the same route). With VNNI a
 group's bytes take one vpdpbusd and its scales one vpdpwssd; with AVX-512 VNNI two groups share
-each 512-bit instruction, and their lanes fold into 8 at the end, the same integer sums. Group g's
+each 512-bit instruction, and their lanes fold into 8 at the end, the same integer sums (with GFNI
+too, each field of the two groups is one bit-matrix instruction, vgf2p8affineqb). Group g's
 16-weight halves take the super-block's scales 2g and 2g + 1 (one per 16 weights; a type with
 one per 32 repeats each).
 
@@ -27,11 +28,14 @@ from .simd import (
     _I8,
     _I16,
     _I32,
+    GFNI_512,
     LANES,
     VNNI_256,
     VNNI_512,
     _activations,
     _add_to,
+    _affine_bytes,
+    _bit_matrix,
     _byte_pair_sums,
     _lanes,
     _load,
@@ -102,6 +106,28 @@ def _group_q(context, builder, layout, w_type, w, off, g):
     q = None
     for field in layout.fields[g]:
         bits = _field(context, builder, w_type, w, off, field)
+        q = bits if q is None else builder.or_(q, bits)
+    return q
+
+
+def _span_q(context, builder, layout, w_type, w, off, g):
+    # -> <64 x i8>: groups g and g + 1's q (as _group_q), each field of the two in one
+    # vgf2p8affineqb, the bytes of either group by its own bit matrix: one instruction where
+    # masks, shifts and a 256-bit insert took two to four
+    def load(field, n):
+        at = builder.add(off, ir.Constant(off.type, field.at))
+        return _load(builder, _ptr(context, builder, w_type, w, at), _vec(_I8, n))
+
+    q = None
+    for a, b in zip(layout.fields[g], layout.fields[g + 1], strict=True):
+        if a.at == b.at:  # the same 32 bytes in both halves (a broadcast load)
+            v = _pick(builder, load(a, GROUP), list(range(GROUP)) * 2)
+        elif b.at == a.at + GROUP:
+            v = load(a, 2 * GROUP)
+        else:
+            v = builder.shuffle_vector(load(a, GROUP), load(b, GROUP), _lanes(2 * GROUP))
+        matrices = [_bit_matrix(f.shift, f.bits, f.position) for f in (a, b)]
+        bits = _affine_bytes(builder, v, [matrices[0]] * 4 + [matrices[1]] * 4)
         q = bits if q is None else builder.or_(q, bits)
     return q
 
@@ -249,8 +275,11 @@ def _scaled_quad_sums(context, builder, layout, weights, acts, sc):
     totals = [zero] * chains
     for s, first in enumerate(range(0, GROUPS, SPAN)):
         groups = range(first, first + SPAN)
-        q = [_group_q(context, builder, layout, *weights, g) for g in groups]
-        q = q[0] if SPAN == 1 else builder.shuffle_vector(q[0], q[1], _lanes(2 * GROUP))
+        if SPAN == 2 and GFNI_512:
+            q = _span_q(context, builder, layout, *weights, first)
+        else:
+            q = [_group_q(context, builder, layout, *weights, g) for g in groups]
+            q = q[0] if SPAN == 1 else builder.shuffle_vector(q[0], q[1], _lanes(2 * GROUP))
         ptr = _ptr(
             context, builder, x_type, x, builder.add(xi, ir.Constant(xi.type, GROUP * first))
         )

@@ -48,6 +48,10 @@ def _wide_vectors() -> bool:
 VNNI_256 = {"+avx512vnni", "+avx512vl"} <= target_features() or "+avxvnni" in target_features()
 # and of 512-bit vectors (AVX-512 VNNI)
 VNNI_512 = {"+avx512vnni", "+avx512f"} <= target_features()
+# A bit matrix applied to every byte of a vector (vgf2p8affineqb), of 256 or 512 bits: any
+# shift-and-mask of a byte in one instruction, a different one per 64-bit lane
+GFNI_256 = {"+gfni", "+avx"} <= target_features()
+GFNI_512 = {"+gfni", "+avx512f"} <= target_features()
 
 
 # VEC_LANES: floats per vector register of the compile target, the width of dot_tile's
@@ -143,6 +147,26 @@ def _vnni(builder, name, acc, a, b):
     return builder.call(fn, [acc, builder.bitcast(a, ivec), builder.bitcast(b, ivec)])
 
 
+def _bit_matrix(shift, bits, position=0):
+    # -> the GF(2) bit matrix, as vgf2p8affineqb takes it (a qword), taking a byte b to
+    # ((b >> shift) & (2**bits - 1)) << position: its byte 7 - o picks the bit output bit o takes
+    qword = 0
+    for o in range(position, position + bits):
+        qword |= (1 << (shift + o - position)) << (8 * (7 - o))
+    return qword
+
+
+def _affine_bytes(builder, v, matrices):
+    # v: <32|64 x i8>, matrices: a _bit_matrix per 64-bit lane -> each byte of v times the
+    # matrix of its lane (GFNI_256, GFNI_512)
+    vec = v.type
+    fn = builder.module.declare_intrinsic(
+        f"llvm.x86.vgf2p8affineqb.{8 * vec.count}", fnty=ir.FunctionType(vec, [vec, vec, _I8])
+    )
+    m = builder.bitcast(ir.Constant(_vec(ir.IntType(64), vec.count // 8), matrices), vec)
+    return builder.call(fn, [v, m, ir.Constant(_I8, 0)])
+
+
 def _byte_quad_sums(builder, start, q, x, one):
     # start: <8 x i32>, q: <32 x i8> unsigned, x: <32 x i8> signed -> <8 x i32>, lane i =
     # start[i] + the sum of q[4i + k] * x[4i + k] over k < 4: one vpdpbusd (VNNI_256; any q),
@@ -190,6 +214,9 @@ def _activations(context, builder, array_type, array, offset):
 def _nibbles(builder, ptr):
     # 16 bytes at ptr -> <32 x i8>: the low nibbles of bytes 0..15, then their high nibbles
     b = _load(builder, ptr, _vec(_I8, 16))
+    if GFNI_256:  # the 16 bytes in both halves, each half's nibbles by one bit matrix
+        both = _pick(builder, b, list(range(16)) * 2)
+        return _affine_bytes(builder, both, [_bit_matrix(0, 4)] * 2 + [_bit_matrix(4, 4)] * 2)
     low = builder.and_(b, _splat(builder, ir.Constant(_I8, 15), 16))
     high = builder.lshr(b, _splat(builder, ir.Constant(_I8, 4), 16))
     return builder.shuffle_vector(low, high, _lanes(32))

@@ -255,8 +255,9 @@ def _super_block_rows(dot):
 @pytest.mark.parametrize("qtype", KQUANTS, ids=lambda t: t.name)
 def test_super_block_dot_same_bits_at_either_vector_width(qtype, monkeypatch):
     # With AVX-512 VNNI a super-block's dot product takes two groups a 512-bit instruction
-    # (kquant_dot.SPAN), elsewhere one a 256-bit one: each lane must get the same integer sums,
-    # so a model's bits do not depend on which of the two a machine has
+    # (kquant_dot.SPAN), elsewhere one a 256-bit one, and with GFNI too their fields come out of
+    # one bit-matrix instruction each: each lane must get the same integer sums every way, so a
+    # model's bits do not depend on which of them a machine has
     rng = np.random.default_rng(int(qtype) + 11)
     rows, in_dim = 8, 1024
     raw = random_blocks(qtype, rows * in_dim // 256, rng).reshape(-1)
@@ -264,13 +265,15 @@ def test_super_block_dot_same_bits_at_either_vector_width(qtype, monkeypatch):
     xq, xd, xs = quantize_rows(x, 256, kquant_dot.SUM_GROUP, np.int8)
     layout = getattr(kquants, f"{qtype.name}_LAYOUT")
     lanes = []
-    for span in (1, 2):
+    for span, gfni in [(1, False), (2, False)] + [(2, True)] * simd.GFNI_512:
         monkeypatch.setattr(kquant_dot, "SPAN", span)
+        monkeypatch.setattr(kquant_dot, "GFNI_512", gfni)
         out = np.empty((rows, 8), np.float32)
         run = _super_block_rows(kquant_dot.super_block_dot(layout))
         run(raw, xq[0], xd[0], xs[0], HALF_TABLE, opaque_one(HALF_TABLE), out)
         lanes.append(out)
-    assert np.array_equal(lanes[0].view(np.uint32), lanes[1].view(np.uint32))
+    for other in lanes[1:]:
+        assert np.array_equal(lanes[0].view(np.uint32), other.view(np.uint32))
 
 
 @pytest.mark.parametrize("qtype", [t for t in TYPES if t != T.F32], ids=lambda t: t.name)
