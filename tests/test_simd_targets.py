@@ -20,6 +20,15 @@ TARGETS = {
 }
 
 
+@pytest.fixture(autouse=True)
+def portable_ir(monkeypatch):
+    # simd takes some instructions only where the compile target (this host) has them: GFNI's
+    # bit matrices, a half conversion. The IR lowered here for other targets must not; the
+    # tests below that want them set them again.
+    for flag in ("GFNI_256", "GFNI_512", "HALF_CONVERT"):
+        monkeypatch.setattr(simd, flag, False)
+
+
 def probe(name: str, args: list) -> tuple[ir.Module, list, ir.IRBuilder]:
     """A module of one void function taking args -> (it, the function's arguments, a builder
     at its entry)."""
@@ -272,3 +281,32 @@ def test_byte_quad_sums_take_one_vnni_instruction_where_the_target_has_it(monkey
         assert ops.count("vpdpbusd") == 1 and "vpmaddubsw" not in ops, ops
     else:
         assert ops.count("vpmaddubsw") == 1 and ops.count("vpmaddwd") == 1, ops
+
+
+def test_nibbles_take_one_bit_matrix_instruction_where_the_target_has_gfni(monkeypatch):
+    monkeypatch.setattr(simd, "GFNI_256", True)
+    ops = lowered_ops(block_dots_module(), "x86_64-unknown-linux-gnu", optimize=True, cpu="znver4")
+    assert no_library_call(ops), sorted(set(ops))
+    assert ops.count("vgf2p8affineqb") == 1, ops
+
+
+def half_lanes_module() -> ir.Module:
+    """simd._f32_lanes on 16 float16 values (fma_tile's widening of a float16 KV cache), stored."""
+    mod, (src, out), b = probe("half_lanes", [I16.as_pointer(), F32.as_pointer()])
+    lanes = simd._f32_lanes(b, src, I16)
+    b.store(lanes, b.bitcast(out, lanes.type.as_pointer()), align=4)
+    b.ret_void()
+    return mod
+
+
+@pytest.mark.parametrize("convert", [False, True])
+@pytest.mark.parametrize("triple", list(TARGETS))
+def test_half_widening_is_vector_code_and_one_conversion_where_the_target_has_one(
+    monkeypatch, triple, convert
+):
+    # HALF_CONVERT holds on x86 with F16C (x86-64-v3 has it) and on every aarch64
+    monkeypatch.setattr(simd, "HALF_CONVERT", convert)
+    ops = lowered_ops(half_lanes_module(), triple, optimize=True)
+    assert no_library_call(ops), sorted(set(ops))
+    converts = [op for op in ops if op in ("vcvtph2ps", "fcvtl", "fcvtl2")]
+    assert bool(converts) == convert, sorted(set(ops))
