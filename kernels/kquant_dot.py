@@ -89,9 +89,14 @@ SCALE_SOURCES = ("int8", "nibbles", "packed6", "signed6")
 _WITH_MINS = ("nibbles", "packed6")
 
 
-def _field(context, builder, w_type, w, off, field):
+def _field_bytes(context, builder, w_type, w, off, field, n=GROUP):
+    # -> <n x i8>: the n bytes of the super-block at w[off:] from field.at on
     ptr = _ptr(context, builder, w_type, w, builder.add(off, ir.Constant(off.type, field.at)))
-    b = _load(builder, ptr, _vec(_I8, GROUP))
+    return _load(builder, ptr, _vec(_I8, n))
+
+
+def _field(context, builder, w_type, w, off, field):
+    b = _field_bytes(context, builder, w_type, w, off, field)
     if field.shift:
         b = builder.lshr(b, _splat(builder, ir.Constant(_I8, field.shift), GROUP))
     if field.shift + field.bits < 8:
@@ -114,18 +119,17 @@ def _span_q(context, builder, layout, w_type, w, off, g):
     # -> <64 x i8>: groups g and g + 1's q (as _group_q), each field of the two in one
     # vgf2p8affineqb, the bytes of either group by its own bit matrix: one instruction where
     # masks, shifts and a 256-bit insert took two to four
-    def load(field, n):
-        at = builder.add(off, ir.Constant(off.type, field.at))
-        return _load(builder, _ptr(context, builder, w_type, w, at), _vec(_I8, n))
+    def load(field, n=GROUP):
+        return _field_bytes(context, builder, w_type, w, off, field, n)
 
     q = None
     for a, b in zip(layout.fields[g], layout.fields[g + 1], strict=True):
         if a.at == b.at:  # the same 32 bytes in both halves (a broadcast load)
-            v = _pick(builder, load(a, GROUP), list(range(GROUP)) * 2)
+            v = _pick(builder, load(a), list(range(GROUP)) * 2)
         elif b.at == a.at + GROUP:
             v = load(a, 2 * GROUP)
         else:
-            v = builder.shuffle_vector(load(a, GROUP), load(b, GROUP), _lanes(2 * GROUP))
+            v = builder.shuffle_vector(load(a), load(b), _lanes(2 * GROUP))
         matrices = [_bit_matrix(f.shift, f.bits, f.position) for f in (a, b)]
         bits = _affine_bytes(builder, v, [matrices[0]] * 4 + [matrices[1]] * 4)
         q = bits if q is None else builder.or_(q, bits)
