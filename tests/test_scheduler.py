@@ -6,7 +6,7 @@ import pytest
 
 from edgeinfer.config import EngineConfig
 from edgeinfer.engine.block_manager import BlockManager
-from edgeinfer.engine.scheduler import Scheduler
+from edgeinfer.engine.scheduler import DECODE_STEP_ROWS, Scheduler
 
 BS = 4
 _ids = itertools.count()
@@ -127,7 +127,7 @@ def test_a_partial_batch_waits_for_more_requests_up_to_max_wait():
     assert [q for q, _ in pairs(full.schedule(10.0))] == pair  # a full batch does not wait
 
 
-def test_drafts_take_only_what_the_step_leaves_and_rejected_ones_give_their_blocks_back():
+def test_drafts_take_what_the_budget_and_free_blocks_allow_and_give_rejected_blocks_back():
     s = make(num_blocks=4, max_tokens=12)
     a, b = Seq(3), Seq(7)
     s.add(a, 0)
@@ -136,9 +136,8 @@ def test_drafts_take_only_what_the_step_leaves_and_rejected_ones_give_their_bloc
     c = Seq(9)
     s.add(c, 0)  # waits: 3 blocks, 1 free
     batch = s.schedule(0, {a.seq_id: [1, 2, 3, 4, 5, 6, 7], b.seq_id: [9] * 10})
-    # a decodes 1 token + drafts; budget 12 leaves 10 after both decodes, but the free block
-    # (c could not be admitted) holds only 4 more of a's tokens; b gets none: its draft would
-    # need another block
+    # a decodes 1 token + drafts: the free block holds only 4 more of its tokens; b gets none:
+    # its draft would need another block; drafts never preempt (c could not be admitted)
     assert [
         (q, n, ch.num_draft) for (q, n), ch in zip(pairs(batch), batch.chunks, strict=True)
     ] == [
@@ -153,18 +152,44 @@ def test_drafts_take_only_what_the_step_leaves_and_rejected_ones_give_their_bloc
     assert s.blocks.num_free_blocks == 1
 
 
-def test_a_step_that_computes_a_prompt_chunk_carries_no_drafts():
-    s = make(max_tokens=32)
+def test_drafts_ride_ahead_of_a_prompt_chunk_within_the_token_budget():
+    s = make(max_tokens=8)
     a = Seq(3)
     s.add(a, 0)
     advance(s, s.schedule(0))
-    b = Seq(5)
+    assert s.draft_room() == DECODE_STEP_ROWS  # decode tokens only
+    b = Seq(9)
     s.add(b, 0)
-    batch = s.schedule(0, {a.seq_id: [1, 2]})
+    assert s.draft_room() == 4  # a prompt waits: half the step's budget
+    batch = s.schedule(0, {a.seq_id: [1, 2, 3, 4, 5, 6, 7, 8]})
+    # a's token and 3 draft tokens, then the rest of the budget for b's prompt
     assert [(q, n, c.num_draft) for (q, n), c in zip(pairs(batch), batch.chunks, strict=True)] == [
-        (a, 1, 0),
-        (b, 5, 0),
+        (a, 4, 3),
+        (b, 4, 0),
     ]
-    advance(s, batch)
-    batch = s.schedule(0, {a.seq_id: [1, 2]})  # decode tokens only: the draft rides along
-    assert [(q, n) for q, n in pairs(batch)] == [(a, 3), (b, 1)]
+    s.commit(batch, {a.seq_id: 1})
+    assert s.draft_room() == 4  # b's prompt is not done
+    assert a.num_computed == 6 and b.num_computed == 4
+
+
+def test_a_step_of_decode_tokens_only_trims_drafts_to_its_row_limit():
+    s = make(max_tokens=512, num_blocks=256, max_num_seqs=3)
+    seqs = [Seq(3) for _ in range(3)]
+    for q in seqs:
+        s.add(q, 0)
+    advance(s, s.schedule(0))
+    free = s.blocks.num_free_blocks
+    s.add(Seq(5), 0)  # waits for a place (max_num_seqs): the next step was to compute its prompt
+    assert s.draft_room() == 256
+    # drafts proposed for a step with a prompt, in a step that has none after all: the longest
+    # give up their last tokens first
+    batch = s.schedule(0, {q.seq_id: list(range(40)) for q in seqs})
+    assert [c.seq for c in batch.chunks] == seqs
+    assert batch.num_tokens == DECODE_STEP_ROWS
+    drafts = [c.num_draft for c in batch.chunks]
+    assert max(drafts) - min(drafts) <= 1 and sum(drafts) == DECODE_STEP_ROWS - 3
+    for c in batch.chunks:
+        assert c.token_ids == [7] + list(range(c.num_draft)) and len(c.slots) == 1 + c.num_draft
+    # the blocks taken are the trimmed chunks' blocks, no more
+    held = sum(-(-(3 + len(c.token_ids)) // BS) - 1 for c in batch.chunks)
+    assert s.blocks.num_free_blocks == free - held

@@ -17,9 +17,11 @@ from edgeinfer.engine.sampling import Sampler, SamplingParams
 from edgeinfer.errors import EdgeInferError
 from edgeinfer.llm import LLM
 from edgeinfer.speculative import NgramProposer, Speculator
-from edgeinfer.speculative.speculator import MAX_PAUSE, STEP_ROWS
+from edgeinfer.speculative.speculator import MAX_PAUSE
 
 SMOL = "smollm2-135m-instruct"
+
+ROOM = 512  # rows a step leaves decoding sequences and their drafts: more than they ask
 
 
 class Seq:
@@ -114,15 +116,15 @@ def test_only_misses_in_a_row_pause_proposals():
     seq = Seq(0, [1, 2, 3])
     pauses = []
     for _ in range(5):
-        assert 0 in spec.drafts([seq])
+        assert 0 in spec.drafts([seq], ROOM)
         spec.record(0, 1, 0)
         pauses.append(spec._pace[0].pause)
         while spec._pace[0].pause:
-            assert spec.drafts([seq]) == {}
+            assert spec.drafts([seq], ROOM) == {}
     assert pauses == [0, 2, 6, 14, 30]
-    spec.drafts([seq])
+    spec.drafts([seq], ROOM)
     spec.record(0, 1, 1)  # a hit ends the run of misses
-    spec.drafts([seq])
+    spec.drafts([seq], ROOM)
     spec.record(0, 2, 0)
     assert spec._pace[0].pause == 0
 
@@ -142,7 +144,7 @@ def test_a_sequence_whose_drafts_always_fail_costs_at_most_5_percent():
     seq, rows = Seq(0, [1, 2, 3]), 0
     steps = 2000
     for _ in range(steps):
-        for seq_id, draft in spec.drafts([seq]).items():
+        for seq_id, draft in spec.drafts([seq], ROOM).items():
             rows += len(draft)
             spec.record(seq_id, len(draft), 0)
     assert rows / steps <= 0.05
@@ -152,25 +154,25 @@ def test_a_sequence_whose_drafts_always_fail_costs_at_most_5_percent():
 def test_k_grows_on_acceptance_shrinks_on_rejection_and_respects_limits():
     spec = Speculator(Never(), spec_k=8)
     seq = Seq(0, [1, 2, 3], max_tokens=100)
-    assert len(spec.drafts([seq])[0]) == 8
+    assert len(spec.drafts([seq], ROOM)[0]) == 8
     spec.record(0, 8, 2)  # partly accepted: next draft is the accepted length + 1
-    assert len(spec.drafts([seq])[0]) == 3
+    assert len(spec.drafts([seq], ROOM)[0]) == 3
     spec.record(0, 3, 3)  # all accepted: doubles, up to spec_k
-    assert len(spec.drafts([seq])[0]) == 6
+    assert len(spec.drafts([seq], ROOM)[0]) == 6
     # 2 of 4 output tokens made: a draft of 1 leaves room for its bonus token
     near_end = Seq(1, [1, 2, 3, 5, 5], max_tokens=4, prompt_len=3)
     full_ctx = Seq(2, [1, 2, 3], max_context=5)
     prompt = Seq(3, [1, 2, 3])
     prompt.num_computed = 1  # still in prefill: no draft
-    got = spec.drafts([near_end, full_ctx, prompt])
+    got = spec.drafts([near_end, full_ctx, prompt], ROOM)
     assert {k: len(v) for k, v in got.items()} == {1: 1, 2: 2}
 
 
-def test_drafts_fill_a_step_up_to_its_row_limit():
+def test_drafts_fill_a_step_up_to_the_rows_left_them():
     spec = Speculator(Never(), spec_k=8)
-    for n, k in ((1, 8), (4, 3), (8, 1), (STEP_ROWS, 0)):
+    for n, k in ((1, 8), (4, 3), (8, 1), (16, 0)):
         seqs = [Seq(i, [1, 2, 3]) for i in range(n)]
-        got = spec.drafts(seqs)
+        got = spec.drafts(seqs, room=16)
         assert [len(got.get(s.seq_id, [])) for s in seqs] == [k] * n, n
 
 
@@ -178,10 +180,10 @@ def test_a_requests_spec_k_caps_its_drafts_and_0_turns_them_off():
     spec = Speculator(Never(), spec_k=4)
     seqs = [Seq(0, [1, 2, 3]), Seq(1, [1, 2, 3], spec_k=0), Seq(2, [1, 2, 3], spec_k=3)]
     seqs.append(Seq(3, [1, 2, 3], spec_k=20))  # more than the engine's: the engine's
-    got = spec.drafts(seqs)
+    got = spec.drafts(seqs, ROOM)
     assert {k: len(v) for k, v in got.items()} == {0: 4, 2: 3, 3: 4}
     spec.record(2, 3, 3)  # all accepted: k doubles, but the request's cap holds
-    assert len(spec.drafts(seqs)[2]) == 3
+    assert len(spec.drafts(seqs, ROOM)[2]) == 3
     for bad in (-1, 1.5, True):
         with pytest.raises(EdgeInferError, match="spec_k"):
             SamplingParams(spec_k=bad)

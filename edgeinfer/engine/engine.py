@@ -122,7 +122,9 @@ class Engine:
         (an aborted one ends with finish_reason 'abort' and empty text)."""
         outputs = self._reap_aborted()
         now = perf_counter()
-        drafts = self.speculator.drafts(self.scheduler.running) if self.speculator else None
+        drafts = None
+        if self.speculator:
+            drafts = self.speculator.drafts(self.scheduler.running, self.scheduler.draft_room())
         batch = self.scheduler.schedule(now, drafts)
         self.wait_s = batch.wait_s
         if not batch.chunks:

@@ -17,9 +17,12 @@ Order: higher priority first, then earlier arrival. Each step
 2. admits waiting sequences in order while `max_num_seqs` and the token budget allow, preempting
    running sequences of lower priority when that makes room.
 3. lets decoding sequences carry draft tokens (speculative decoding: `drafts`, seq_id -> the
-   tokens a proposer guessed come next) with what the step leaves of the token budget and the
-   free blocks: drafts never delay a prompt chunk nor preempt anyone. A verified step keeps the
-   drafts the model agreed with; `commit` gives back the slots (and blocks) of the rest.
+   tokens a proposer guessed come next) in the blocks the other chunks left free (drafts never
+   preempt anyone), up to `draft_room` rows with the decode tokens: in a step that computes a
+   prompt chunk, up to half the token budget, kept from the prompt chunks of steps 1 and 2 (a
+   draft row there costs what a prompt row costs, a fraction of a decode step's row); in a step
+   of decode tokens only, DECODE_STEP_ROWS rows in all. A verified step keeps the drafts the
+   model agreed with; `commit` gives back the slots (and blocks) of the rest.
 With nothing running, a partial batch waits up to `max_wait_s` for more requests first.
 A model with sliding-window layers (gemma3) keeps their cache in a second pool, `window_blocks`
 (see block_manager): every check above counts both pools, a prefix is reused as far as both
@@ -37,6 +40,11 @@ from edgeinfer.engine.block_manager import RELEASED, BlockManager
 
 if TYPE_CHECKING:
     from edgeinfer.config import EngineConfig
+
+# Rows of a step of decode tokens only (one per sequence plus its draft tokens). Up to here a row
+# costs about half of what a row of a step without drafts costs (16 sequences of SmolLM2, 1
+# thread: 105 ms at 16 rows, 266 ms at 64), so drafts accepted more than half the time pay.
+DECODE_STEP_ROWS = 64
 
 
 def rank(seq) -> tuple[int, int]:
@@ -84,6 +92,7 @@ class Scheduler:
         self.num_preemptions = 0
         # blocks (per pool) the runner will take for sequences scheduled in the step being planned
         self._promised: dict[int, list[int]] = {}
+        self._reserved = 0  # tokens of the step being planned kept for drafts
 
     @property
     def num_unfinished(self) -> int:
@@ -112,6 +121,12 @@ class Scheduler:
         """Choose the step's chunks and hand out their cache slots; drafts: see the module."""
         batch = ScheduledBatch()
         self._promised.clear()
+        room = self.draft_room()
+        # budget the drafts keep from prompt chunks (more than they may get: blocks decide)
+        self._reserved = 0
+        if drafts:
+            decoding = sum(s.num_computed == len(s.token_ids) - 1 for s in self.running)
+            self._reserved = max(0, min(sum(len(d) for d in drafts.values()), room - decoding))
         if self.window_blocks:
             for seq in self.running:
                 self.window_blocks.slide(seq.seq_id, seq.num_computed)
@@ -127,10 +142,12 @@ class Scheduler:
                 break
             if seq not in self.running:  # preempted for a sequence ahead of it
                 continue
-            n = min(len(seq.token_ids) - seq.num_computed, budget)
-            if self._make_room(seq, n, batch, now):
+            n = len(seq.token_ids) - seq.num_computed
+            if n > 1:  # a prompt chunk
+                n = min(n, self._prompt_budget(batch))
+            if n > 0 and self._make_room(seq, n, batch, now):
                 batch.chunks.append(_chunk(seq, n))
-        while self.waiting and batch.num_tokens < self.max_num_batched_tokens:
+        while self.waiting and self._prompt_budget(batch) > 0:
             seq = self.waiting[0]
             cached = self._admit(seq, batch, now)
             if cached is None:
@@ -140,10 +157,12 @@ class Scheduler:
             self.running.append(seq)
             for pool in self.pools:
                 seq.num_computed = pool.allocate(seq.seq_id, seq.token_ids, cached)
-            budget = self.max_num_batched_tokens - batch.num_tokens
+            budget = self._prompt_budget(batch)
             batch.chunks.append(_chunk(seq, min(len(seq.token_ids) - seq.num_computed, budget)))
         if drafts:
-            self._add_drafts(batch, drafts)
+            self._add_drafts(batch, drafts, room)
+            if not _computes_prompt(batch):
+                self._trim_drafts(batch)
         for chunk in batch.chunks:  # room was made for each: appending cannot fail
             self._hand_out_slots(chunk, chunk.seq.seq_id)
         return batch
@@ -204,28 +223,50 @@ class Scheduler:
         self._promised[seq.seq_id] = need
         return True
 
-    def _add_drafts(self, batch: ScheduledBatch, drafts: dict[int, list[int]]) -> None:
-        """Append each decoding sequence's draft to its chunk, as far as the token budget and
-        the free blocks go; not in a step that computes a prompt chunk (it takes the slower
-        prompt kernels, where every draft row costs a full row)."""
-        if any(c.start != len(c.seq.token_ids) - 1 for c in batch.chunks):
-            return
+    def draft_room(self) -> int:
+        """Rows the next step can give decoding sequences and their drafts together: half its
+        token budget where a prompt chunk will be computed (the other half stays the prompts'),
+        else DECODE_STEP_ROWS."""
+        prompt = self.waiting or any(s.num_computed < len(s.token_ids) - 1 for s in self.running)
+        return self.max_num_batched_tokens // 2 if prompt else DECODE_STEP_ROWS
+
+    def _prompt_budget(self, batch: ScheduledBatch) -> int:
+        """Tokens the step's next prompt chunk may take."""
+        return self.max_num_batched_tokens - batch.num_tokens - self._reserved
+
+    def _add_drafts(self, batch: ScheduledBatch, drafts: dict[int, list[int]], room: int) -> None:
+        """Append to each decoding sequence's chunk, in order, as much of its draft as the token
+        budget, `room` (the step's decoding rows) and the blocks every other chunk left free
+        allow."""
+        rows = sum(len(c.token_ids) for c in batch.chunks if _decodes(c))
         for chunk in batch.chunks:
-            seq = chunk.seq
-            draft = drafts.get(seq.seq_id)
-            if not draft:
+            seq_id = chunk.seq.seq_id
+            draft = drafts.get(seq_id)
+            if not draft or not _decodes(chunk):
                 continue
-            n = min(len(draft), self.max_num_batched_tokens - batch.num_tokens)
-            promised = self._promised.get(seq.seq_id, [0] * len(self.pools))
-            while n and not _within(
-                [a - b for a, b in zip(self._needed(seq.seq_id, 1 + n), promised, strict=True)],
+            n = min(len(draft), self.max_num_batched_tokens - batch.num_tokens, room - rows)
+            promised = self._promised.get(seq_id, [0] * len(self.pools))
+            while n > 0 and not _within(
+                [a - b for a, b in zip(self._needed(seq_id, 1 + n), promised, strict=True)],
                 self._free_blocks(),
             ):
                 n -= 1
-            if n:
+            if n > 0:
                 chunk.token_ids = chunk.token_ids + draft[:n]
                 chunk.num_draft = n
-                self._promised[seq.seq_id] = self._needed(seq.seq_id, 1 + n)
+                rows += n
+                self._promised[seq_id] = self._needed(seq_id, 1 + n)
+
+    def _trim_drafts(self, batch: ScheduledBatch) -> None:
+        """A step of decode tokens only (no prompt came in after all): the longest drafts give
+        up their last tokens until it fits DECODE_STEP_ROWS."""
+        while batch.num_tokens > DECODE_STEP_ROWS:
+            chunk = max(batch.chunks, key=lambda c: c.num_draft)
+            if not chunk.num_draft:
+                break
+            chunk.token_ids = chunk.token_ids[:-1]
+            chunk.num_draft -= 1
+            self._promised[chunk.seq.seq_id] = self._needed(chunk.seq.seq_id, len(chunk.token_ids))
 
     def _needed(self, seq_id: int, n: int) -> list[int]:
         """New blocks of each pool seq_id needs to grow by n tokens."""
@@ -246,7 +287,7 @@ class Scheduler:
         for pool in self.pools:
             cached = pool.cached_prefix_blocks(seq.token_ids, cached)
         chunk = min(len(seq.token_ids) - cached * self.blocks.block_size,
-                    self.max_num_batched_tokens - batch.num_tokens)  # fmt: skip
+                    self._prompt_budget(batch))  # fmt: skip
 
         def need() -> list[int]:
             return [p.blocks_to_allocate(seq.token_ids, cached, chunk) for p in self.pools]
@@ -288,6 +329,14 @@ class Scheduler:
         i = next((i for i, s in enumerate(self.waiting) if rank(s) > key), len(self.waiting))
         self.waiting.insert(i, seq)
         self.arrived_at[seq.seq_id] = now
+
+
+def _decodes(chunk: Chunk) -> bool:
+    return chunk.start == len(chunk.seq.token_ids) - 1
+
+
+def _computes_prompt(batch: ScheduledBatch) -> bool:
+    return not all(_decodes(c) for c in batch.chunks)
 
 
 def _within(need: list[int], free: list[int]) -> bool:

@@ -7,8 +7,8 @@ and a draft with nothing accepted halves k and pauses proposals for 0, 2, 6, 14,
 sentence), whose next guess holds. A verified token costs a decode row, so a sequence whose
 guesses always fail pays for one extra row every 64 steps (about 1 %), while one that copies
 its prompt keeps k at its largest.
-Drafts only fill a step up to STEP_ROWS rows: many sequences decoding at once get short drafts,
-or none. A request's own SamplingParams.spec_k caps its drafts (0: none).
+Drafts share the rows the scheduler leaves them (`Scheduler.draft_room`): many sequences decoding
+at once get short drafts, or none. A request's own SamplingParams.spec_k caps its drafts (0: none).
 """
 
 from __future__ import annotations
@@ -18,9 +18,6 @@ from dataclasses import dataclass
 from edgeinfer.speculative.proposer import Proposer
 
 MAX_PAUSE = 64  # steps
-# Past a few rows a CPU decode step turns compute-bound and costs about its rows: drafts fill a
-# step up to this many rows (one per decoding sequence plus its drafts) and no further.
-STEP_ROWS = 16
 
 
 @dataclass
@@ -39,8 +36,9 @@ class Speculator:
         self.num_proposed = 0  # draft tokens verified
         self.num_accepted = 0  # of those, accepted
 
-    def drafts(self, running: list) -> dict[int, list[int]]:
-        """-> seq_id -> draft tokens, for the decoding sequences of `running` that get one."""
+    def drafts(self, running: list, room: int) -> dict[int, list[int]]:
+        """-> seq_id -> draft tokens, for the decoding sequences of `running` that get one,
+        all of them together with a row for each decoding sequence within `room` rows."""
         seqs, ks, decoding = [], [], 0
         for seq in running:
             n = len(seq.token_ids)
@@ -61,7 +59,7 @@ class Speculator:
             if k > 0:
                 seqs.append(seq)
                 ks.append(k)
-        share = (STEP_ROWS - decoding) // len(seqs) if seqs else 0
+        share = (room - decoding) // len(seqs) if seqs else 0
         if share < 1:
             return {}
         guesses = self.proposer.propose(seqs, [min(k, share) for k in ks])
