@@ -6,7 +6,7 @@ import pytest
 
 from edgeinfer.config import EngineConfig
 from edgeinfer.engine.block_manager import BlockManager
-from edgeinfer.engine.scheduler import DECODE_STEP_ROWS, Scheduler
+from edgeinfer.engine.scheduler import MAX_DECODE_ROWS, MIN_DECODE_ROWS, Scheduler
 
 BS = 4
 _ids = itertools.count()
@@ -157,7 +157,7 @@ def test_drafts_ride_ahead_of_a_prompt_chunk_within_the_token_budget():
     a = Seq(3)
     s.add(a, 0)
     advance(s, s.schedule(0))
-    assert s.draft_room() == DECODE_STEP_ROWS  # decode tokens only
+    assert s.draft_room() == MIN_DECODE_ROWS  # decode tokens only, of one sequence
     b = Seq(9)
     s.add(b, 0)
     assert s.draft_room() == 4  # a prompt waits: half the step's budget
@@ -172,12 +172,14 @@ def test_drafts_ride_ahead_of_a_prompt_chunk_within_the_token_budget():
     assert a.num_computed == 6 and b.num_computed == 4
 
 
-def test_a_step_of_decode_tokens_only_trims_drafts_to_its_row_limit():
-    s = make(max_tokens=512, num_blocks=256, max_num_seqs=3)
-    seqs = [Seq(3) for _ in range(3)]
+@pytest.mark.parametrize("n, rows", [(1, 16), (3, 16), (8, 32), (20, 64), (30, 64)])
+def test_a_step_of_decode_tokens_only_trims_drafts_to_its_row_limit(n, rows):
+    s = make(max_tokens=512, num_blocks=512, max_num_seqs=n)
+    seqs = [Seq(3) for _ in range(n)]
     for q in seqs:
         s.add(q, 0)
     advance(s, s.schedule(0))
+    assert s.draft_room() == rows == max(MIN_DECODE_ROWS, min(MAX_DECODE_ROWS, 4 * n))
     free = s.blocks.num_free_blocks
     s.add(Seq(5), 0)  # waits for a place (max_num_seqs): the next step was to compute its prompt
     assert s.draft_room() == 256
@@ -185,9 +187,9 @@ def test_a_step_of_decode_tokens_only_trims_drafts_to_its_row_limit():
     # give up their last tokens first
     batch = s.schedule(0, {q.seq_id: list(range(40)) for q in seqs})
     assert [c.seq for c in batch.chunks] == seqs
-    assert batch.num_tokens == DECODE_STEP_ROWS
+    assert batch.num_tokens == rows
     drafts = [c.num_draft for c in batch.chunks]
-    assert max(drafts) - min(drafts) <= 1 and sum(drafts) == DECODE_STEP_ROWS - 3
+    assert max(drafts) - min(d for d in drafts if d) <= 1 and sum(drafts) == rows - n
     for c in batch.chunks:
         assert c.token_ids == [7] + list(range(c.num_draft)) and len(c.slots) == 1 + c.num_draft
     # the blocks taken are the trimmed chunks' blocks, no more

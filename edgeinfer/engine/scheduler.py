@@ -21,7 +21,7 @@ Order: higher priority first, then earlier arrival. Each step
    preempt anyone), up to `draft_room` rows with the decode tokens: in a step that computes a
    prompt chunk, up to half the token budget, kept from the prompt chunks of steps 1 and 2 (a
    draft row there costs what a prompt row costs, a fraction of a decode step's row); in a step
-   of decode tokens only, DECODE_STEP_ROWS rows in all. A verified step keeps the drafts the
+   of decode tokens only, `decode_step_rows` in all. A verified step keeps the drafts the
    model agreed with; `commit` gives back the slots (and blocks) of the rest.
 With nothing running, a partial batch waits up to `max_wait_s` for more requests first.
 A model with sliding-window layers (gemma3) keeps their cache in a second pool, `window_blocks`
@@ -41,10 +41,20 @@ from edgeinfer.engine.block_manager import RELEASED, BlockManager
 if TYPE_CHECKING:
     from edgeinfer.config import EngineConfig
 
-# Rows of a step of decode tokens only (one per sequence plus its draft tokens). Up to here a row
-# costs about half of what a row of a step without drafts costs (16 sequences of SmolLM2, 1
-# thread: 105 ms at 16 rows, 266 ms at 64), so drafts accepted more than half the time pay.
-DECODE_STEP_ROWS = 64
+# Rows of a step of decode tokens only (one per sequence plus its draft tokens), by how many
+# sequences decode. With many, a row up to 4 a sequence costs about half of what a row of the
+# step without drafts costs (16 sequences of SmolLM2, 1 thread: 105 ms at 16 rows, 266 ms at
+# 64), so drafts accepted more than half the time pay; with few, rows past the fused kernels'
+# range cost nearly a full row (4 sequences: drafts up to 28 rows, 4.0 s for the decode phase of
+# bench/speculative.py's streams, up to 16 rows 3.4 s, none 3.5 s).
+MIN_DECODE_ROWS = 16
+ROWS_PER_SEQUENCE = 4
+MAX_DECODE_ROWS = 64
+
+
+def decode_step_rows(decoding: int) -> int:
+    """Rows a step of `decoding` sequences' decode tokens and their drafts may hold."""
+    return max(MIN_DECODE_ROWS, min(MAX_DECODE_ROWS, ROWS_PER_SEQUENCE * decoding))
 
 
 def rank(seq) -> tuple[int, int]:
@@ -125,8 +135,8 @@ class Scheduler:
         # budget the drafts keep from prompt chunks (more than they may get: blocks decide)
         self._reserved = 0
         if drafts:
-            decoding = sum(s.num_computed == len(s.token_ids) - 1 for s in self.running)
-            self._reserved = max(0, min(sum(len(d) for d in drafts.values()), room - decoding))
+            wanted = sum(len(d) for d in drafts.values())
+            self._reserved = max(0, min(wanted, room - self._decoding()))
         if self.window_blocks:
             for seq in self.running:
                 self.window_blocks.slide(seq.seq_id, seq.num_computed)
@@ -226,9 +236,15 @@ class Scheduler:
     def draft_room(self) -> int:
         """Rows the next step can give decoding sequences and their drafts together: half its
         token budget where a prompt chunk will be computed (the other half stays the prompts'),
-        else DECODE_STEP_ROWS."""
-        prompt = self.waiting or any(s.num_computed < len(s.token_ids) - 1 for s in self.running)
-        return self.max_num_batched_tokens // 2 if prompt else DECODE_STEP_ROWS
+        else `decode_step_rows`."""
+        decoding = self._decoding()
+        if self.waiting or decoding < len(self.running):
+            return self.max_num_batched_tokens // 2
+        return decode_step_rows(decoding)
+
+    def _decoding(self) -> int:
+        """Running sequences past their prompt."""
+        return sum(s.num_computed == len(s.token_ids) - 1 for s in self.running)
 
     def _prompt_budget(self, batch: ScheduledBatch) -> int:
         """Tokens the step's next prompt chunk may take."""
@@ -259,8 +275,8 @@ class Scheduler:
 
     def _trim_drafts(self, batch: ScheduledBatch) -> None:
         """A step of decode tokens only (no prompt came in after all): the longest drafts give
-        up their last tokens until it fits DECODE_STEP_ROWS."""
-        while batch.num_tokens > DECODE_STEP_ROWS:
+        up their last tokens until it fits `decode_step_rows`."""
+        while batch.num_tokens > decode_step_rows(len(batch.chunks)):
             chunk = max(batch.chunks, key=lambda c: c.num_draft)
             if not chunk.num_draft:
                 break
