@@ -131,10 +131,10 @@ class Scheduler:
         """Choose the step's chunks and hand out their cache slots; drafts: see the module."""
         batch = ScheduledBatch()
         self._promised.clear()
-        room = self.draft_room()
         # budget the drafts keep from prompt chunks (more than they may get: blocks decide)
         self._reserved = 0
         if drafts:
+            room = self.draft_room()
             wanted = sum(len(d) for d in drafts.values())
             self._reserved = max(0, min(wanted, room - self._decoding()))
         if self.window_blocks:
