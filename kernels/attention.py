@@ -18,11 +18,11 @@ positions <= its own (causal) and, with a sliding window w, > position - w.
 Work is split into items (query tile, KV heads, key chunk). A tile is up to TILE consecutive
 tokens of one sequence (a prefill run), so each K/V block is read (and widened) once per tile
 rather than once per token; the query heads sharing a KV head (GQA group) share it too: the
-tile's (token, head) rows go four at a time through every block. (A quantized cache is always
-read as codes, its scales applied to whole rows of scores and weights.) With enough tiles an item
-of few tokens (decoding ones) takes every KV head, and reads each block's heads as one stretch
-of memory; otherwise one KV head, so that the threads still share the work and a prefill
-tile's scores stay in L2. The key range is
+tile's (token, head) rows go eight at a time (AVX-512, else four: simd.TILE_ROWS) through every
+block. (A quantized cache is always read as codes, its scales applied to whole rows of scores
+and weights.) With enough tiles an item of few tokens (decoding ones) takes every KV head, and
+reads each block's heads as one stretch of memory; otherwise one KV head, so that the threads
+still share the work and a prefill tile's scores stay in L2. The key range is
 always cut into chunks of SPLIT_BLOCKS blocks at fixed positions (block index //
 SPLIT_BLOCKS). Within a chunk the softmax takes three passes (all scores, then each row's max
 and weights over the whole chunk at once, then the values; keys a token does not see get weight
@@ -52,7 +52,7 @@ from .kv_store import (
 )
 from .norm import _norm_row
 from .rope import rope_cos_sin, rope_rotate
-from .simd import TILE_COLS, TILE_ROWS, fma_tile
+from .simd import MAX_TILE_ROWS, TILE_COLS, TILE_ROWS, fma_tile, row_max
 
 TILE = 16
 # Every chunk's softmax state costs a fixed share (buffers, a merge, the first block's misses),
@@ -75,6 +75,7 @@ PREFETCH_BLOCKS = 2
 # a row's max and sum are taken in lanes); no no-infinities flag (softmax states start at -inf).
 _FAST = {"reassoc", "contract", "nnan", "nsz"}
 _NEG_INF = np.float32(-np.inf)
+_ZEROS = (0, 0, 0, 0, 0, 0, 0, 0)  # fma_tile offsets of one row at 0
 
 
 @njit(cache=True)
@@ -137,10 +138,13 @@ def _sum_lanes(lanes):
     return lanes[0]
 
 
-# simd.fma_tile over the first `count` (1 to TILE_ROWS) of the rows whose offsets are given
+# simd.fma_tile over the first `count` (8, or 1 to 4: see _group_rows) of the rows whose offsets
+# are given
 @njit(cache=True, inline="always")
 def _tile(count, add, c, c_rows, a, a_rows, b, b_at, b_step, depth):
-    if count == 4:
+    if count == 8:
+        fma_tile(8, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+    elif count == 4:
         fma_tile(4, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
     elif count == 3:
         fma_tile(3, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
@@ -187,16 +191,18 @@ def _over_blocks(
                 codes_to_float(cache, flat, blk, h, buf_flat, values)
             at = (blk * nkv + h) * block  # cache[blk, h, 0, 0]
             head_row = (h - h0) * head_rows
-            for r0 in range(0, head_rows, TILE_ROWS):
-                count = min(TILE_ROWS, head_rows - r0)
-                if not _rows_see(lo, hi, r0, count, G, j0, bs):
+            r0 = 0
+            while r0 < head_rows:
+                count = _group_rows(head_rows - r0)
+                r0 += count
+                if not _rows_see(lo, hi, r0 - count, count, G, j0, bs):
                     continue
-                g0 = head_row + r0
-                q_rows = (q_at[g0], q_at[g0 + 1], q_at[g0 + 2], q_at[g0 + 3])
+                g0 = head_row + r0 - count
+                q_rows = _queries(q_at, g0)
                 for c in range(0, width, TILE_COLS):
                     b_at = at + c if direct else c
                     if values:
-                        o_rows, p_rows = _four(g0, width, c), _four(g0, n_keys, j0)
+                        o_rows, p_rows = _eight(g0, width, c), _eight(g0, n_keys, j0)
                         if n_groups:
                             w_rows = _shift(p_rows, (c // GROUP) * rows_all * n_keys)
                             if direct:
@@ -208,7 +214,7 @@ def _over_blocks(
                         else:
                             _tile(count, True, out, o_rows, p, p_rows, buf, b_at, step, bs)
                     else:
-                        s_rows = _four(g0, n_keys, j0 + c)
+                        s_rows = _eight(g0, n_keys, j0 + c)
                         if n_groups:
                             for g in range(n_groups):
                                 g_rows = _shift(s_rows, g * rows_all * n_keys)
@@ -226,15 +232,32 @@ def _over_blocks(
                             _tile(count, False, p, s_rows, q, q_rows, buf, b_at, step, dk)
 
 
-# -> the offsets of rows r0 .. r0 + 3 of a flat [rows, stride] array, plus at
+# -> the offsets of rows r0 .. r0 + 7 of a flat [rows, stride] array, plus at
 @njit(cache=True, inline="always")
-def _four(r0, stride, at):
-    return r0 * stride + at, (r0 + 1) * stride + at, (r0 + 2) * stride + at, (r0 + 3) * stride + at
+def _eight(r0, stride, at):
+    a = r0 * stride + at
+    return (a, a + stride, a + 2 * stride, a + 3 * stride, a + 4 * stride, a + 5 * stride,
+            a + 6 * stride, a + 7 * stride)  # fmt: skip
+
+
+# -> q_at[r0 .. r0 + 7]: the queries of rows r0 .. r0 + 7
+@njit(cache=True, inline="always")
+def _queries(q_at, r0):
+    return (q_at[r0], q_at[r0 + 1], q_at[r0 + 2], q_at[r0 + 3], q_at[r0 + 4], q_at[r0 + 5],
+            q_at[r0 + 6], q_at[r0 + 7])  # fmt: skip
 
 
 @njit(cache=True, inline="always")
-def _shift(four, by):
-    return four[0] + by, four[1] + by, four[2] + by, four[3] + by
+def _shift(rows, by):
+    return (rows[0] + by, rows[1] + by, rows[2] + by, rows[3] + by, rows[4] + by, rows[5] + by,
+            rows[6] + by, rows[7] + by)  # fmt: skip
+
+
+# -> rows of the next row group of a head, `left` rows to go: TILE_ROWS while that many are
+# left, then up to 4 (a tile of each count from 1 to 8 would double the kernel's code)
+@njit(cache=True, inline="always")
+def _group_rows(left):
+    return TILE_ROWS if left >= TILE_ROWS else min(4, left)
 
 
 @njit(cache=True, fastmath=_FAST)
@@ -251,7 +274,7 @@ def _attend(
     # Three passes over the chunk: every score, then each row's max and weights, then the
     # values. A chunk is at most SPLIT_BLOCKS blocks, so its scores stay in L2.
     # Row (h - h0) * head_rows + i * G + g is token t0 + i's query head h * G + g; a head's rows
-    # go through simd.fma_tile up to four at a time, against 16 keys (scores) or 16 value
+    # go through simd.fma_tile in groups (_group_rows), against 16 keys (scores) or 16 value
     # columns per pass. Each head's numbers are the same whichever heads share the call.
     G = m_kept.shape[2]
     nh, dk = q.shape[1], q.shape[2]
@@ -261,14 +284,15 @@ def _attend(
     n_keys = (b_end - b_start) * bs
     first = b_start * bs  # position of the chunk's first key
     val_cols = -(-dv // TILE_COLS) * TILE_COLS
-    # One decoding token's heads fit one row group: its blocks are read in place and widened
-    # in registers. A longer tile widens each block once, into buffers, for all of its groups
-    # (V's zero-padded to whole tiles). The arithmetic is the same either way, so a token's
-    # bits do not depend on it. A quantized cache is read as codes (q8_0's in place, q4_0's
-    # through the buffers), its scales applied to whole rows of scores and weights (see
-    # _over_blocks).
-    direct_k = head_rows <= TILE_ROWS and in_place(kc, q)[0]
-    direct_v = head_rows <= TILE_ROWS and dv == val_cols and in_place(vc, q)[0]
+    # A head's rows in one row group (one decoding token's, or two's on AVX-512): its blocks
+    # are read in place and widened in registers. A longer tile widens each block once, into
+    # buffers, for all of its groups (V's zero-padded to whole tiles). The arithmetic is the
+    # same either way, so a token's bits do not depend on it. A quantized cache is read as
+    # codes (q8_0's in place, q4_0's through the buffers), its scales applied to whole rows of
+    # scores and weights (see _over_blocks).
+    one_group = _group_rows(head_rows) == head_rows
+    direct_k = one_group and in_place(kc, q)[0]
+    direct_v = one_group and dv == val_cols and in_place(vc, q)[0]
     kf = np.empty((0 if direct_k else dk, bs), np.float32)
     vf = np.zeros((0 if direct_v else bs, val_cols), np.float32)
     p = np.empty((rows, n_keys), np.float32)
@@ -277,7 +301,7 @@ def _attend(
     k_scales = np.empty((h1 - h0, k_groups, n_keys), np.float32)
     gather_scales(kc, table, b_start, b_end, h0, h1, k_scales, False)
     out = np.zeros((rows, val_cols), np.float32)
-    q_at = np.empty(rows + TILE_ROWS, np.int64)  # flat offset of each row's query in q
+    q_at = np.empty(rows + MAX_TILE_ROWS, np.int64)  # flat offset of each row's query in q
     for r in range(rows):
         h, hr = h0 + r // head_rows, r % head_rows
         q_at[r] = ((t0 + hr // G) * nh + h * G + hr % G) * dk
@@ -301,6 +325,7 @@ def _attend(
                 for j in range(n_keys):
                     row[j] += sc[g, j] * pg[g * rows + r, j]
     lanes = np.empty(TILE_COLS, np.float32)
+    ones = np.ones(n_keys // TILE_COLS, np.float32)
     for r in range(rows):
         at = slot + (r // head_rows) * slot_step
         i, g = (r % head_rows) // G, r % G
@@ -311,28 +336,20 @@ def _attend(
         if e <= a:
             row[:] = 0.0  # no key of this chunk is visible: the state stays empty
             continue
-        # The max in lanes, as the sum below, or it is one chain of scalar compares; a max
-        # does not round, so the order changes nothing (but a tie of -0 and +0, alike to exp).
-        lanes[:] = _NEG_INF
-        for j0 in range(0, n_keys, TILE_COLS):
-            for k in range(TILE_COLS):
-                j = j0 + k
-                v = row[j] if (j >= a) & (j < e) else _NEG_INF
-                lanes[k] = v if v > lanes[k] else lanes[k]
-        mx = lanes[0]
-        for k in range(1, TILE_COLS):
-            mx = max(mx, lanes[k])
-        for j in range(n_keys):  # the whole row, masked after: the loop has no branch
-            w = exp_f32(row[j] - mx)
-            row[j] = w if (j >= a) & (j < e) else np.float32(0.0)
-        # Summed in lanes over the chunk in order, then the lanes in a fixed order: how many
-        # blocks the chunk has depends on the tile, and a token's sum must not (they only add
-        # zeros to its lanes; a vectorized loop's order would depend on its length). One loop
-        # over the 16 keys of each block would not vectorize.
-        lanes[:] = 0.0
-        for j0 in range(0, n_keys, TILE_COLS):
-            for k in range(TILE_COLS):
-                lanes[k] += row[j0 + k]
+        # A max does not round, so its order changes nothing (but a tie of -0 and +0, alike to
+        # exp): one reduction over the visible keys, which vectorizes.
+        mx = row_max(p, r * n_keys + a, e - a)
+        seen = row[a:e]  # (indexed from 0: a loop from a would check for negative indices)
+        row[:a] = 0.0
+        for j in range(seen.shape[0]):
+            seen[j] = exp_f32(seen[j] - mx)
+        row[e:] = 0.0
+        # Summed in lanes over the chunk in order (fma_tile times ones: each lane one chain of
+        # exact products), then the lanes in a fixed order: how many blocks the chunk has
+        # depends on the tile, and a token's sum must not (they only add zeros to its lanes; a
+        # vectorized loop's order would depend on its length).
+        fma_tile(1, False, lanes, _ZEROS, ones, _ZEROS, p, r * n_keys, TILE_COLS,
+                 n_keys // TILE_COLS)  # fmt: skip
         total = _sum_lanes(lanes)
         m_kept[at, i, g] = mx
         l_kept[at, i, g] = total

@@ -590,7 +590,48 @@ def counted_loop(builder, name, start, stop, inits):
     return i, phis, close
 
 
-TILE_ROWS = 4  # rows of fma_tile
+@intrinsic
+def row_max(typingctx, x, at, n):
+    """-> the largest of the float32s x[at : at + n] (n >= 1; x C-contiguous). A max does not
+    round, so TILE_COLS lanes at a time give the one chain's value (of a tie of -0 and +0,
+    either): a compare-and-select chain does not vectorize where Numba cannot flag it as one."""
+    if x.dtype != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        x, at, n = args
+        base = builder.gep(context.make_array(sig.args[0])(context, builder, x).data, [at])
+        vec = _vec(_F32, TILE_COLS)
+        vmax = builder.module.declare_intrinsic(
+            f"llvm.maxnum.v{TILE_COLS}f32", fnty=ir.FunctionType(vec, [vec, vec])
+        )
+        smax = builder.module.declare_intrinsic(
+            "llvm.maxnum.f32", fnty=ir.FunctionType(_F32, [_F32, _F32])
+        )
+        whole = builder.sdiv(n, ir.Constant(n.type, TILE_COLS))
+        lowest = ir.Constant(vec, [float("-inf")] * TILE_COLS)
+        i, (acc,), close = counted_loop(builder, "max", ir.Constant(n.type, 0), whole, [lowest])
+        at_i = builder.mul(i, ir.Constant(n.type, TILE_COLS))
+        close([builder.call(vmax, [acc, _load(builder, builder.gep(base, [at_i]), vec)])])
+        half = TILE_COLS // 2
+        while half:
+            upper = _pick(builder, acc, [k + half if k < half else k for k in range(TILE_COLS)])
+            acc = builder.call(vmax, [acc, upper])
+            half //= 2
+        first = builder.extract_element(acc, ir.Constant(_I32, 0))
+        tail = builder.mul(whole, ir.Constant(n.type, TILE_COLS))
+        j, (m,), close = counted_loop(builder, "max.tail", tail, n, [first])
+        close([builder.call(smax, [m, builder.load(builder.gep(base, [j]))])])
+        return m
+
+    return types.float32(x, types.intp, types.intp), codegen
+
+
+# Rows of an fma_tile: each is its own chain of fused multiply-adds, and a core runs two at a
+# time, each taking 4 cycles, so 8 chains keep it busy where 32 registers hold them (AVX-512);
+# with 16 (AVX2, and NEON's 32 of 128 bits) 4 rows of 16 columns fill the register file.
+TILE_ROWS = 8 if _wide_vectors() else 4
+MAX_TILE_ROWS = 8
 TILE_COLS = 16  # columns of fma_tile: one vector per row (two on 256-bit targets)
 
 # float16 bits -> float32 without branches (so that it vectorizes on every target): the half,
@@ -632,8 +673,8 @@ _TILE_B = {types.float32: _F32, types.uint16: _I16, types.int8: _I8}
 
 @intrinsic
 def fma_tile(typingctx, rows, add, c, c_rows, a, a_rows, b, b_at, b_step, depth):
-    """For r < rows (a literal, 1 to 4), with c_r, a_r the r-th of the offsets c_rows, a_rows
-    (4-tuples: the ones past `rows` are not read): c[c_r : c_r + 16] (+)= sum over k < depth
+    """For r < rows (a literal, 1 to 8), with c_r, a_r the r-th of the offsets c_rows, a_rows
+    (8-tuples: the ones past `rows` are not read): c[c_r : c_r + 16] (+)= sum over k < depth
     of a[a_r + k] times b[b_at + k * b_step : ... + 16], one fused multiply-add per k, in order
     of k, starting from c's values where add (a literal bool) is true, from 0 otherwise.
 
@@ -641,7 +682,7 @@ def fma_tile(typingctx, rows, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
     lane is its own chain, so its bits depend neither on the other rows nor on how many there
     are. c, a: float32 arrays, b: float32, float16 bits (uint16, widened in registers) or int8
     (converted in registers); offsets in elements of the flattened (C-contiguous) arrays."""
-    if not isinstance(rows, types.IntegerLiteral) or not 1 <= rows.literal_value <= TILE_ROWS:
+    if not isinstance(rows, types.IntegerLiteral) or not 1 <= rows.literal_value <= MAX_TILE_ROWS:
         return None
     if not isinstance(add, types.BooleanLiteral) or b.dtype not in _TILE_B:
         return None
@@ -672,5 +713,5 @@ def fma_tile(typingctx, rows, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
             builder.store(acc, builder.bitcast(p, vec.as_pointer()), align=4)
         return context.get_dummy_value()
 
-    i, four = types.intp, types.UniTuple(types.intp, TILE_ROWS)
-    return types.void(rows, add, c, four, a, four, b, i, i, i), codegen
+    i, offsets = types.intp, types.UniTuple(types.intp, MAX_TILE_ROWS)
+    return types.void(rows, add, c, offsets, a, offsets, b, i, i, i), codegen

@@ -9,6 +9,7 @@ from edgeinfer.kernels.activations import GELU_TANH, SILU, gated_act, softcap_, 
 from edgeinfer.kernels.kv_store import float_to_half, widen
 from edgeinfer.kernels.norm import add_rms_norm, rms_norm
 from edgeinfer.kernels.rope import apply_rope, rope_inv_freq
+from edgeinfer.kernels.simd import row_max
 
 RNG = np.random.default_rng(0)
 
@@ -99,6 +100,24 @@ def test_softmax():
     x = RNG.standard_normal((3, 1000), dtype=np.float32) * 10
     e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
     np.testing.assert_allclose(softmax(x), e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-9)
+
+
+@njit(cache=True)
+def _row_max(x, at, n):
+    return row_max(x, at, n)
+
+
+def test_row_max_reads_exactly_its_span():
+    # whole vectors of 16, then a tail: the largest value sits in each part in turn, and larger
+    # values just outside the span must not count
+    for n in (1, 5, 15, 16, 17, 40, 64, 75):
+        for where in sorted({0, n // 2, n - 1}):
+            x = RNG.standard_normal(n + 6).astype(np.float32) - 10
+            x[2], x[3 + n] = 100.0, 200.0  # neighbours of the span x[3 : 3 + n]
+            x[3 + where] = 7.0
+            assert _row_max(x, 3, n) == np.float32(7.0)
+    x = np.full(20, -np.inf, np.float32)
+    assert _row_max(x, 0, 20) == -np.inf
 
 
 @njit(cache=True)
