@@ -52,7 +52,7 @@ from .kv_store import (
 )
 from .norm import _norm_row
 from .rope import rope_cos_sin, rope_rotate
-from .simd import MAX_TILE_ROWS, TILE_COLS, TILE_ROWS, fma_tile, row_max
+from .simd import COL_TILES, MAX_TILE_ROWS, TILE_COLS, TILE_ROWS, fma_tile, row_max
 
 TILE = 16
 # Every chunk's softmax state costs a fixed share (buffers, a merge, the first block's misses),
@@ -139,19 +139,30 @@ def _sum_lanes(lanes):
 
 
 # simd.fma_tile over the first `count` (8, or 1 to 4: see _group_rows) of the rows whose offsets
-# are given
+# are given, `cols` (1 or 2) column tiles wide
 @njit(cache=True, inline="always")
-def _tile(count, add, c, c_rows, a, a_rows, b, b_at, b_step, depth):
-    if count == 8:
-        fma_tile(8, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+def _tile(count, cols, add, c, c_rows, a, a_rows, b, b_at, b_step, depth):
+    if cols == 2:
+        if count == 8:
+            fma_tile(8, 2, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+        elif count == 4:
+            fma_tile(4, 2, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+        elif count == 3:
+            fma_tile(3, 2, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+        elif count == 2:
+            fma_tile(2, 2, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+        else:
+            fma_tile(1, 2, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+    elif count == 8:
+        fma_tile(8, 1, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
     elif count == 4:
-        fma_tile(4, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+        fma_tile(4, 1, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
     elif count == 3:
-        fma_tile(3, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+        fma_tile(3, 1, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
     elif count == 2:
-        fma_tile(2, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+        fma_tile(2, 1, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
     else:
-        fma_tile(1, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+        fma_tile(1, 1, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
 
 
 # One pass over the chunk's blocks of `cache` (K, or V where values), for KV heads h0..h1-1:
@@ -199,37 +210,35 @@ def _over_blocks(
                     continue
                 g0 = head_row + r0 - count
                 q_rows = _queries(q_at, g0)
-                for c in range(0, width, TILE_COLS):
+                c = 0
+                while c < width:
+                    # column tiles side by side (a quantized cache's value groups hold both)
+                    span = COL_TILES if width - c >= COL_TILES * TILE_COLS else 1
                     b_at = at + c if direct else c
-                    if values:
-                        o_rows, p_rows = _eight(g0, width, c), _eight(g0, n_keys, j0)
+                    if values:  # weights p, or with value groups pg (p times their scales)
+                        o_rows, w_rows = _eight(g0, width, c), _eight(g0, n_keys, j0)
+                        w = pg if n_groups else p
                         if n_groups:
-                            w_rows = _shift(p_rows, (c // GROUP) * rows_all * n_keys)
-                            if direct:
-                                _tile(count, True, out, o_rows, pg, w_rows, source, b_at, step, bs)
-                            else:
-                                _tile(count, True, out, o_rows, pg, w_rows, buf, b_at, step, bs)
-                        elif direct:
-                            _tile(count, True, out, o_rows, p, p_rows, source, b_at, step, bs)
+                            w_rows = _shift(w_rows, (c // GROUP) * rows_all * n_keys)
+                        if direct:
+                            _tile(count, span, True, out, o_rows, w, w_rows, source, b_at, step, bs)
                         else:
-                            _tile(count, True, out, o_rows, p, p_rows, buf, b_at, step, bs)
-                    else:
+                            _tile(count, span, True, out, o_rows, w, w_rows, buf, b_at, step, bs)
+                    else:  # scores p, or with key groups each group's partial scores in pg
                         s_rows = _eight(g0, n_keys, j0 + c)
-                        if n_groups:
-                            for g in range(n_groups):
-                                g_rows = _shift(s_rows, g * rows_all * n_keys)
-                                gq_rows = _shift(q_rows, g * GROUP)
-                                g_at = b_at + g * GROUP * step
-                                if direct:
-                                    _tile(count, False, pg, g_rows, q, gq_rows, source, g_at, step,
-                                          GROUP)  # fmt: skip
-                                else:
-                                    _tile(count, False, pg, g_rows, q, gq_rows, buf, g_at, step,
-                                          GROUP)  # fmt: skip
-                        elif direct:
-                            _tile(count, False, p, s_rows, q, q_rows, source, b_at, step, dk)
-                        else:
-                            _tile(count, False, p, s_rows, q, q_rows, buf, b_at, step, dk)
+                        scores = pg if n_groups else p
+                        depth = GROUP if n_groups else dk
+                        for g in range(max(n_groups, 1)):
+                            g_rows = _shift(s_rows, g * rows_all * n_keys)
+                            gq_rows = _shift(q_rows, g * GROUP)
+                            g_at = b_at + g * GROUP * step
+                            if direct:
+                                _tile(count, span, False, scores, g_rows, q, gq_rows, source, g_at,
+                                      step, depth)  # fmt: skip
+                            else:
+                                _tile(count, span, False, scores, g_rows, q, gq_rows, buf, g_at,
+                                      step, depth)  # fmt: skip
+                    c += span * TILE_COLS
 
 
 # -> the offsets of rows r0 .. r0 + 7 of a flat [rows, stride] array, plus at
@@ -348,7 +357,7 @@ def _attend(
         # exact products), then the lanes in a fixed order: how many blocks the chunk has
         # depends on the tile, and a token's sum must not (they only add zeros to its lanes; a
         # vectorized loop's order would depend on its length).
-        fma_tile(1, False, lanes, _ZEROS, ones, _ZEROS, p, r * n_keys, TILE_COLS,
+        fma_tile(1, 1, False, lanes, _ZEROS, ones, _ZEROS, p, r * n_keys, TILE_COLS,
                  n_keys // TILE_COLS)  # fmt: skip
         total = _sum_lanes(lanes)
         m_kept[at, i, g] = mx

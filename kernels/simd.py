@@ -627,10 +627,12 @@ def row_max(typingctx, x, at, n):
     return types.float32(x, types.intp, types.intp), codegen
 
 
-# Rows of an fma_tile: each is its own chain of fused multiply-adds, and a core runs two at a
-# time, each taking 4 cycles, so 8 chains keep it busy where 32 registers hold them (AVX-512);
-# with 16 (AVX2, and NEON's 32 of 128 bits) 4 rows of 16 columns fill the register file.
+# The largest fma_tile the attention takes: each accumulator is its own chain of fused
+# multiply-adds, and a core runs two at a time, each taking 4 cycles, so 8 or more chains keep
+# it busy. AVX-512's 32 registers hold 8 rows of two column tiles (16 accumulators); AVX2's 16
+# (of 8 floats) and NEON's 32 (of 4) hold 4 rows of one, 8 accumulator registers each.
 TILE_ROWS = 8 if _wide_vectors() else 4
+COL_TILES = 2 if _wide_vectors() else 1
 MAX_TILE_ROWS = 8
 TILE_COLS = 16  # columns of fma_tile: one vector per row (two on 256-bit targets)
 
@@ -672,46 +674,53 @@ _TILE_B = {types.float32: _F32, types.uint16: _I16, types.int8: _I8}
 
 
 @intrinsic
-def fma_tile(typingctx, rows, add, c, c_rows, a, a_rows, b, b_at, b_step, depth):
+def fma_tile(typingctx, rows, cols, add, c, c_rows, a, a_rows, b, b_at, b_step, depth):
     """For r < rows (a literal, 1 to 8), with c_r, a_r the r-th of the offsets c_rows, a_rows
-    (8-tuples: the ones past `rows` are not read): c[c_r : c_r + 16] (+)= sum over k < depth
-    of a[a_r + k] times b[b_at + k * b_step : ... + 16], one fused multiply-add per k, in order
-    of k, starting from c's values where add (a literal bool) is true, from 0 otherwise.
+    (8-tuples: the ones past `rows` are not read), and w = 16 * cols (a literal, 1 or 2):
+    c[c_r : c_r + w] (+)= sum over k < depth of a[a_r + k] times b[b_at + k * b_step : ... + w],
+    one fused multiply-add per k, in order of k, starting from c's values where add (a literal
+    bool) is true, from 0 otherwise.
 
-    A rows x 16 register tile (a vector accumulator per row, no horizontal sums): each output
-    lane is its own chain, so its bits depend neither on the other rows nor on how many there
-    are. c, a: float32 arrays, b: float32, float16 bits (uint16, widened in registers) or int8
-    (converted in registers); offsets in elements of the flattened (C-contiguous) arrays."""
-    if not isinstance(rows, types.IntegerLiteral) or not 1 <= rows.literal_value <= MAX_TILE_ROWS:
-        return None
+    A rows x w register tile (a vector accumulator per row and 16 columns, no horizontal sums):
+    each output lane is its own chain, so its bits depend neither on the other rows and columns
+    nor on how many there are. c, a: float32 arrays, b: float32, float16 bits (uint16, widened
+    in registers) or int8 (converted in registers); offsets in elements of the flattened
+    (C-contiguous) arrays."""
+    for literal, most in ((rows, MAX_TILE_ROWS), (cols, 2)):
+        if not isinstance(literal, types.IntegerLiteral) or not 1 <= literal.literal_value <= most:
+            return None
     if not isinstance(add, types.BooleanLiteral) or b.dtype not in _TILE_B:
         return None
-    n_rows = rows.literal_value
+    n_rows, n_cols = rows.literal_value, cols.literal_value
 
     def codegen(context, builder, sig, args):
-        _, _, c, c_rows, a, a_rows, b, b_at, b_step, depth = args
+        _, _, _, c, c_rows, a, a_rows, b, b_at, b_step, depth = args
         c_offs = [builder.extract_value(c_rows, r) for r in range(n_rows)]
         a_offs = [builder.extract_value(a_rows, r) for r in range(n_rows)]
         vec = _vec(_F32, TILE_COLS)
         fma = _vector_fma(builder, TILE_COLS)
-        c_data = context.make_array(sig.args[2])(context, builder, c).data
-        a_data = context.make_array(sig.args[4])(context, builder, a).data
-        b_data = context.make_array(sig.args[6])(context, builder, b).data
-        elem = _TILE_B[sig.args[6].dtype]
-        c_ptrs = [builder.gep(c_data, [c_r]) for c_r in c_offs]
+        c_data = context.make_array(sig.args[3])(context, builder, c).data
+        a_data = context.make_array(sig.args[5])(context, builder, a).data
+        b_data = context.make_array(sig.args[7])(context, builder, b).data
+        elem = _TILE_B[sig.args[7].dtype]
+        col_at = [ir.Constant(b_at.type, j * TILE_COLS) for j in range(n_cols)]
+        c_ptrs = [builder.gep(c_data, [builder.add(c_r, j)]) for c_r in c_offs for j in col_at]
         zero = ir.Constant(vec, [0.0] * TILE_COLS)
         start = [_load(builder, p, vec) if add.literal_value else zero for p in c_ptrs]
         k, accs, close = counted_loop(builder, "tile", ir.Constant(depth.type, 0), depth, start)
         b_row = builder.add(b_at, builder.mul(k, b_step))
-        lanes = _f32_lanes(builder, builder.gep(b_data, [b_row]), elem)
+        lanes = [
+            _f32_lanes(builder, builder.gep(b_data, [builder.add(b_row, j)]), elem) for j in col_at
+        ]
         new = []
-        for a_r, acc in zip(a_offs, accs, strict=True):
-            x = builder.load(builder.gep(a_data, [builder.add(a_r, k)]))
-            new.append(builder.call(fma, [_splat(builder, x, TILE_COLS), lanes, acc]))
+        for r, a_r in enumerate(a_offs):
+            x = _splat(builder, builder.load(builder.gep(a_data, [builder.add(a_r, k)])), TILE_COLS)
+            for j in range(n_cols):
+                new.append(builder.call(fma, [x, lanes[j], accs[r * n_cols + j]]))
         close(new)
         for p, acc in zip(c_ptrs, accs, strict=True):
             builder.store(acc, builder.bitcast(p, vec.as_pointer()), align=4)
         return context.get_dummy_value()
 
     i, offsets = types.intp, types.UniTuple(types.intp, MAX_TILE_ROWS)
-    return types.void(rows, add, c, offsets, a, offsets, b, i, i, i), codegen
+    return types.void(rows, cols, add, c, offsets, a, offsets, b, i, i, i), codegen
