@@ -143,26 +143,24 @@ def _sum_lanes(lanes):
 @njit(cache=True, inline="always")
 def _tile(count, cols, add, c, c_rows, a, a_rows, b, b_at, b_step, depth):
     if cols == 2:
-        if count == 8:
-            fma_tile(8, 2, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
-        elif count == 4:
-            fma_tile(4, 2, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
-        elif count == 3:
-            fma_tile(3, 2, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
-        elif count == 2:
-            fma_tile(2, 2, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
-        else:
-            fma_tile(1, 2, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
-    elif count == 8:
-        fma_tile(8, 1, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
-    elif count == 4:
-        fma_tile(4, 1, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
-    elif count == 3:
-        fma_tile(3, 1, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
-    elif count == 2:
-        fma_tile(2, 1, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+        _tile_rows(count, 2, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
     else:
-        fma_tile(1, 1, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+        _tile_rows(count, 1, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+
+
+# (fma_tile takes its rows and columns as literals)
+@njit(cache=True, inline="always")
+def _tile_rows(count, cols, add, c, c_rows, a, a_rows, b, b_at, b_step, depth):
+    if count == 8:
+        fma_tile(8, cols, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+    elif count == 4:
+        fma_tile(4, cols, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+    elif count == 3:
+        fma_tile(3, cols, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+    elif count == 2:
+        fma_tile(2, cols, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+    else:
+        fma_tile(1, cols, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
 
 
 # One pass over the chunk's blocks of `cache` (K, or V where values), for KV heads h0..h1-1:
