@@ -184,6 +184,10 @@ def _over_blocks(
     width = out.shape[1] if values else bs  # columns of a pass: value columns or keys
     block = rows * cols
     _, source = in_place(cache, buf)  # what fma_tile reads where direct
+    # the scores the keys pass writes, or the weights the values pass reads: p, or with scale
+    # groups pg (each group's partial scores; p times each value group's scales)
+    pw = pg if n_groups else p
+    depth = GROUP if n_groups else dk  # of a score tile: a scale group, or the head
     step = cols if direct else buf.shape[1]  # b's row stride for fma_tile
     for b in range(b_start, b_end):
         j0 = (b - b_start) * bs
@@ -213,29 +217,27 @@ def _over_blocks(
                     # column tiles side by side (a quantized cache's value groups hold both)
                     span = COL_TILES if width - c >= COL_TILES * TILE_COLS else 1
                     b_at = at + c if direct else c
-                    if values:  # weights p, or with value groups pg (p times their scales)
+                    if values:
                         o_rows, w_rows = _eight(g0, width, c), _eight(g0, n_keys, j0)
-                        w = pg if n_groups else p
                         if n_groups:
                             w_rows = _shift(w_rows, (c // GROUP) * rows_all * n_keys)
                         if direct:
-                            _tile(count, span, True, out, o_rows, w, w_rows, source, b_at, step, bs)
+                            _tile(count, span, True, out, o_rows, pw, w_rows, source, b_at, step,
+                                  bs)  # fmt: skip
                         else:
-                            _tile(count, span, True, out, o_rows, w, w_rows, buf, b_at, step, bs)
-                    else:  # scores p, or with key groups each group's partial scores in pg
+                            _tile(count, span, True, out, o_rows, pw, w_rows, buf, b_at, step, bs)
+                    else:
                         s_rows = _eight(g0, n_keys, j0 + c)
-                        scores = pg if n_groups else p
-                        depth = GROUP if n_groups else dk
                         for g in range(max(n_groups, 1)):
                             g_rows = _shift(s_rows, g * rows_all * n_keys)
                             gq_rows = _shift(q_rows, g * GROUP)
                             g_at = b_at + g * GROUP * step
                             if direct:
-                                _tile(count, span, False, scores, g_rows, q, gq_rows, source, g_at,
+                                _tile(count, span, False, pw, g_rows, q, gq_rows, source, g_at,
                                       step, depth)  # fmt: skip
                             else:
-                                _tile(count, span, False, scores, g_rows, q, gq_rows, buf, g_at,
-                                      step, depth)  # fmt: skip
+                                _tile(count, span, False, pw, g_rows, q, gq_rows, buf, g_at, step,
+                                      depth)  # fmt: skip
                     c += span * TILE_COLS
 
 

@@ -443,18 +443,23 @@ def _vector_fma(builder, lanes):
     )
 
 
+def _fold_lanes(builder, v, combine):
+    # <n x float> -> its lanes combined by halves (combine(upper half, v), then its upper
+    # quarter, ...): lane 0 of the last
+    n = v.type.count
+    half = n // 2
+    while half:
+        v = combine(_pick(builder, v, [i + half if i < half else i for i in range(n)]), v)
+        half //= 2
+    return builder.extract_element(v, ir.Constant(_I32, 0))
+
+
 def _lane_sum(builder, fma, v):
     # <n x float> -> the sum of its lanes, halves added pairwise (the order LLVM's own
     # vectorized reductions use), as vector fma(a, 1, b) = a + b: calls on vectors take no
     # fast-math flags from Numba, so no pass reorders them
-    n = v.type.count
-    one = ir.Constant(v.type, [1.0] * n)
-    half = n // 2
-    while half:
-        upper = _pick(builder, v, [i + half if i < half else i for i in range(n)])
-        v = builder.call(fma, [upper, one, v])
-        half //= 2
-    return builder.extract_element(v, ir.Constant(_I32, 0))
+    one = ir.Constant(v.type, [1.0] * v.type.count)
+    return _fold_lanes(builder, v, lambda upper, w: builder.call(fma, [upper, one, w]))
 
 
 def _partial_lanes(builder, ptr, count, lanes):
@@ -613,12 +618,7 @@ def row_max(typingctx, x, at, n):
         i, (acc,), close = counted_loop(builder, "max", ir.Constant(n.type, 0), whole, [lowest])
         at_i = builder.mul(i, ir.Constant(n.type, TILE_COLS))
         close([builder.call(vmax, [acc, _load(builder, builder.gep(base, [at_i]), vec)])])
-        half = TILE_COLS // 2
-        while half:
-            upper = _pick(builder, acc, [k + half if k < half else k for k in range(TILE_COLS)])
-            acc = builder.call(vmax, [acc, upper])
-            half //= 2
-        first = builder.extract_element(acc, ir.Constant(_I32, 0))
+        first = _fold_lanes(builder, acc, lambda upper, w: builder.call(vmax, [w, upper]))
         tail = builder.mul(whole, ir.Constant(n.type, TILE_COLS))
         j, (m,), close = counted_loop(builder, "max.tail", tail, n, [first])
         close([builder.call(smax, [m, builder.load(builder.gep(base, [j]))])])
