@@ -2,9 +2,11 @@
 product per block supplied by the unit.
 
 Each prange item takes ROWS weight rows; every activation block is loaded once for all of them.
-A row's partial sums stay in LANES float lanes (`simd`) until the row ends, and the bytes of
-the rows PREFETCH_ROWS ahead are prefetched while these are computed: the hardware prefetcher
-alone does not keep up with a walk of 4 rows at once.
+A row's partial sums stay in LANES float lanes (`simd`) until the row ends. The rows of item c
+are c, c + G, c + 2G and c + 3G (G items): each of the four is one stream walking its quarter of
+the weight row after row, which the hardware prefetcher follows, where four adjacent rows at once
+made four short streams that it did not (a core read DRAM at 60 % of a single stream's rate).
+Each stream's bytes PREFETCH_ROWS rows ahead are hinted too.
 Several activation rows (a verify pass, a few decoding sequences) of a type whose unpacking
 costs about as much as its products take the blocks outermost: each weight block is unpacked
 once for up to SHARED_ROWS of them, in the same operations per row, so each row's bits are
@@ -23,7 +25,7 @@ from .simd import LANES, local_f32, prefetch
 ROWS = 4  # written out in the loops below
 ACC_SLOTS = ROWS * LANES
 SMALL_BLOCK = 32  # the legacy types' block; K-quants' super-blocks are 256
-PREFETCH_ROWS = 8  # two row groups ahead
+PREFETCH_ROWS = 2  # rows ahead in each stream
 SHARED_ROWS = 8  # activation rows, at most, that share one unpacking of each weight block
 # from 3 rows: for 2, unpacking twice costs about what storing the rows' sums does
 SHARED_FROM = 3
@@ -32,15 +34,14 @@ SHARED_SUMS = SHARED_ROWS * ROWS
 LINE = 64  # bytes per prefetch: a cache line on every target we support
 
 
-# flat: uint8[size] -> prefetch the lines of flat[start : start + nbytes], nbytes a constant of
-# the type: a fixed sequence of hints 64 bytes apart plus the last byte (which covers every line
-# the span touches), no loop and no clipping (a hint past the end never faults): a loop clipped
-# to the array costs about as many instructions per block as a 4-bit block's dot product.
+# flat: uint8[size] -> prefetch flat[start : start + nbytes], one span of a stream of adjacent
+# spans (nbytes a constant of the type): hints 64 bytes apart from its start, which over the
+# stream hint every line, no loop and no clipping (a hint past the end never faults): a loop
+# clipped to the array costs about as many instructions per block as a 4-bit block's dot product.
 @njit(cache=True, inline="always")
 def prefetch_span(flat, start, nbytes):
     for k in range((nbytes + LINE - 1) // LINE):
         prefetch(flat, start + k * LINE)
-    prefetch(flat, start + nbytes - 1)
 
 
 # -> float32[ROWS, LANES], a row group's accumulators. For 32-weight blocks on the stack, where
@@ -64,17 +65,18 @@ def row_offset(starts, ends, r, row_bytes):
     return starts[p] + (r - (ends[p - 1] if p > 0 else 0)) * row_bytes
 
 
-# out[t, r0 .. r0 + 3] = a row group's sums (acc: its lanes, s: its scalar parts), the rows up to
-# last
+# out[t, c + k * groups] = a row group's sums (_row_group; acc: its lanes, s: its scalar parts),
+# k = 0 .. 3, the rows up to last
 @njit(cache=True, inline="always")
-def _store_sums(out, t, r0, last, acc, s):
-    out[t, r0] = acc[0].sum() + s[0]
-    if r0 + 1 <= last:
-        out[t, r0 + 1] = acc[1].sum() + s[1]
-    if r0 + 2 <= last:
-        out[t, r0 + 2] = acc[2].sum() + s[2]
-    if r0 + 3 <= last:
-        out[t, r0 + 3] = acc[3].sum() + s[3]
+def _store_sums(out, t, group, acc, s):
+    c, groups, last = group[:3]
+    out[t, c] = acc[0].sum() + s[0]
+    if c + groups <= last:
+        out[t, c + groups] = acc[1].sum() + s[1]
+    if c + 2 * groups <= last:
+        out[t, c + 2 * groups] = acc[2].sum() + s[2]
+    if c + 3 * groups <= last:
+        out[t, c + 3 * groups] = acc[3].sum() + s[3]
 
 
 # -> x quantized (xq, xd, xs: see act_quant), floatbits.opaque_one, the last output row and the
@@ -88,26 +90,38 @@ def _operands(x, halves, ends, block, block_bytes, sum_group, q_type):
     return xq, xd, xs, opaque_one(halves), last, xd.shape[1] * block_bytes
 
 
-# -> (r0, byte offsets of rows r0 .. r0 + 3, of row r0 + PREFETCH_ROWS) for row group c; at the
-# ragged edge the last row again, so every row takes the same code path
+# -> row group c of groups: (c, groups, last, row_bytes, byte offsets of rows c, c + groups,
+# c + 2 groups, c + 3 groups); past the ragged edge the last row again, so every row takes the
+# same code path
 @njit(cache=True)
-def _row_group(starts, ends, c, last, row_bytes):
-    r0 = ROWS * c
+def _row_group(starts, ends, c, groups, last, row_bytes):
     return (
-        r0,
-        row_offset(starts, ends, r0, row_bytes),
-        row_offset(starts, ends, min(r0 + 1, last), row_bytes),
-        row_offset(starts, ends, min(r0 + 2, last), row_bytes),
-        row_offset(starts, ends, min(r0 + 3, last), row_bytes),
-        row_offset(starts, ends, min(r0 + PREFETCH_ROWS, last), row_bytes),
+        c,
+        groups,
+        last,
+        row_bytes,
+        row_offset(starts, ends, c, row_bytes),
+        row_offset(starts, ends, min(c + groups, last), row_bytes),
+        row_offset(starts, ends, min(c + 2 * groups, last), row_bytes),
+        row_offset(starts, ends, min(c + 3 * groups, last), row_bytes),
     )
+
+
+# Hints the bytes PREFETCH_ROWS rows ahead of block o (a byte offset in the row) in each of a
+# row group's streams (_row_group); at a part's end they fall in the next part, or past the
+# array, where a hint costs nothing.
+@njit(cache=True, inline="always")
+def _prefetch_streams(flat, group, o, block_bytes):
+    ahead = PREFETCH_ROWS * group[3] + o
+    for at in group[4:]:
+        prefetch_span(flat, at + ahead, block_bytes)
 
 
 # Every activation row against a row group (_row_group), one row at a time, its sums in
 # registers (accumulators); other arguments as in block_matmul.
 @njit(cache=True, inline="always")
-def _row_by_row(block_dot, flat, group, xq, xd, xs, halves, one, out, last, block, block_bytes):
-    r0, o0, o1, o2, o3, ahead = group
+def _row_by_row(block_dot, flat, group, xq, xd, xs, halves, one, out, block, block_bytes):
+    o0, o1, o2, o3 = group[4:]
     acc = accumulators(block)
     s = carray(local_f32(ROWS), (ROWS,))
     for t in range(xq.shape[0]):
@@ -117,11 +131,11 @@ def _row_by_row(block_dot, flat, group, xq, xd, xs, halves, one, out, last, bloc
         for b in range(xd.shape[1]):
             o = b * block_bytes
             if t == 0:
-                prefetch_span(flat, ahead + ROWS * o, ROWS * block_bytes)
+                _prefetch_streams(flat, group, o, block_bytes)
             block_dot(
                 acc, s, flat, o0 + o, o1 + o, o2 + o, o3 + o, xr, xsr, b, xd[t, b], halves, one
             )
-        _store_sums(out, t, r0, last, acc, s)
+        _store_sums(out, t, group, acc, s)
 
 
 # Activation rows t0 .. t1 - 1 (at most SHARED_ROWS) against a row group, blocks outermost: the
@@ -129,8 +143,8 @@ def _row_by_row(block_dot, flat, group, xq, xd, xs, halves, one, out, last, bloc
 # unpacks it once, before that loop (the rows' sums on the stack, indexed by row, where no store
 # can alias the weights). Same operations per row as _row_by_row, in the same order.
 @njit(cache=True, inline="always")
-def _shared_blocks(block_dot, flat, group, xq, xd, xs, t0, t1, halves, one, out, last, block_bytes):
-    r0, o0, o1, o2, o3, ahead = group
+def _shared_blocks(block_dot, flat, group, xq, xd, xs, t0, t1, halves, one, out, block_bytes):
+    o0, o1, o2, o3 = group[4:]
     accs = carray(local_f32(SHARED_SLOTS), (SHARED_ROWS, ROWS, LANES))
     sums = carray(local_f32(SHARED_SUMS), (SHARED_ROWS, ROWS))
     for t in range(t1 - t0):
@@ -139,7 +153,7 @@ def _shared_blocks(block_dot, flat, group, xq, xd, xs, t0, t1, halves, one, out,
     for b in range(xd.shape[1]):
         o = b * block_bytes
         if t0 == 0:
-            prefetch_span(flat, ahead + ROWS * o, ROWS * block_bytes)
+            _prefetch_streams(flat, group, o, block_bytes)
         for t in range(t1 - t0):
             row = np.uint64(t0 + t)  # unsigned: no negative-index fix-up for each block
             dx, xr, xsr = xd[row, b], xq[row], xs[row]
@@ -147,7 +161,7 @@ def _shared_blocks(block_dot, flat, group, xq, xd, xs, t0, t1, halves, one, out,
                 accs[t], sums[t], flat, o0 + o, o1 + o, o2 + o, o3 + o, xr, xsr, b, dx, halves, one
             )
     for t in range(t1 - t0):
-        _store_sums(out, t0 + t, r0, last, accs[t], sums[t])
+        _store_sums(out, t0 + t, group, accs[t], sums[t])
 
 
 # block_dot(acc f32[ROWS, LANES], sums f32[ROWS], w u8[size], o0, o1, o2, o3, xr int8|int16[in],
@@ -168,9 +182,10 @@ def block_matmul(
     xq, xd, xs, one, last, row_bytes = _operands(
         x, halves, ends, block, block_bytes, sum_group, q_type
     )
-    for c in prange((last + ROWS) // ROWS):
-        group = _row_group(starts, ends, c, last, row_bytes)
-        _row_by_row(block_dot, flat, group, xq, xd, xs, halves, one, out, last, block, block_bytes)
+    groups = (last + ROWS) // ROWS
+    for c in prange(groups):
+        group = _row_group(starts, ends, c, groups, last, row_bytes)
+        _row_by_row(block_dot, flat, group, xq, xd, xs, halves, one, out, block, block_bytes)
 
 
 # block_matmul where, from SHARED_FROM rows of x on, they share each weight block's unpacking
@@ -189,13 +204,13 @@ def block_matmul_shared(
     xq, xd, xs, one, last, row_bytes = _operands(
         x, halves, ends, block, block_bytes, sum_group, q_type
     )
-    n = xq.shape[0]
-    for c in prange((last + ROWS) // ROWS):
-        group = _row_group(starts, ends, c, last, row_bytes)
+    n, groups = xq.shape[0], (last + ROWS) // ROWS
+    for c in prange(groups):
+        group = _row_group(starts, ends, c, groups, last, row_bytes)
         for t0 in range(0, n, SHARED_ROWS):
             t1 = min(t0 + SHARED_ROWS, n)
             _shared_blocks(
-                block_dot, flat, group, xq, xd, xs, t0, t1, halves, one, out, last, block_bytes
+                block_dot, flat, group, xq, xd, xs, t0, t1, halves, one, out, block_bytes
             )
 
 
