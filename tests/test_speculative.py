@@ -129,6 +129,20 @@ def test_only_misses_in_a_row_pause_proposals():
     assert spec._pace[0].pause == 0
 
 
+def test_a_draft_with_fewer_than_half_its_tokens_accepted_counts_as_a_miss():
+    spec = Speculator(Never(), spec_k=8)
+    seq = Seq(0, [1, 2, 3])
+    pauses = []
+    for proposed, accepted in ((8, 3), (4, 1), (2, 1), (2, 0), (5, 2), (3, 1)):
+        assert 0 in spec.drafts([seq], ROOM)
+        spec.record(0, proposed, accepted)
+        pauses.append(spec._pace[0].pause)
+        spec._pace[0].pause = 0  # the next draft at once
+    # 3 of 8, then 1 of 4: two misses; 1 of 2 holds half and ends the run; then three misses
+    assert pauses == [0, 2, 0, 0, 2, 6]
+    assert spec._pace[0].k == 2  # a partly accepted draft still sets k to accepted + 1
+
+
 class Never:
     """A proposer whose guesses are always rejected."""
 
