@@ -14,6 +14,7 @@ those it gets alone.
 """
 
 from functools import partial
+from typing import NamedTuple
 
 import numpy as np
 from numba import carray, njit, prange
@@ -65,11 +66,11 @@ def row_offset(starts, ends, r, row_bytes):
     return starts[p] + (r - (ends[p - 1] if p > 0 else 0)) * row_bytes
 
 
-# out[t, c + k * groups] = a row group's sums (_row_group; acc: its lanes, s: its scalar parts),
+# out[t, c + k * groups] = a row group's sums (RowGroup; acc: its lanes, s: its scalar parts),
 # k = 0 .. 3, the rows up to last
 @njit(cache=True, inline="always")
 def _store_sums(out, t, group, acc, s):
-    c, groups, last = group[:3]
+    c, groups, last = group.c, group.groups, group.last
     out[t, c] = acc[0].sum() + s[0]
     if c + groups <= last:
         out[t, c + groups] = acc[1].sum() + s[1]
@@ -90,12 +91,25 @@ def _operands(x, halves, ends, block, block_bytes, sum_group, q_type):
     return xq, xd, xs, opaque_one(halves), last, xd.shape[1] * block_bytes
 
 
-# -> row group c of groups: (c, groups, last, row_bytes, byte offsets of rows c, c + groups,
-# c + 2 groups, c + 3 groups); past the ragged edge the last row again, so every row takes the
-# same code path
+class RowGroup(NamedTuple):
+    """Row group c of groups (last: the last output row; row_bytes: a weight row's bytes) and
+    the byte offsets of its rows c, c + groups, c + 2 groups and c + 3 groups."""
+
+    c: int
+    groups: int
+    last: int
+    row_bytes: int
+    o0: int
+    o1: int
+    o2: int
+    o3: int
+
+
+# -> RowGroup c of groups; past the ragged edge the last row again, so every row takes the same
+# code path
 @njit(cache=True)
 def _row_group(starts, ends, c, groups, last, row_bytes):
-    return (
+    return RowGroup(
         c,
         groups,
         last,
@@ -108,20 +122,20 @@ def _row_group(starts, ends, c, groups, last, row_bytes):
 
 
 # Hints the bytes PREFETCH_ROWS rows ahead of block o (a byte offset in the row) in each of a
-# row group's streams (_row_group); at a part's end they fall in the next part, or past the
+# row group's streams (RowGroup); at a part's end they fall in the next part, or past the
 # array, where a hint costs nothing.
 @njit(cache=True, inline="always")
 def _prefetch_streams(flat, group, o, block_bytes):
-    ahead = PREFETCH_ROWS * group[3] + o
-    for at in group[4:]:
+    ahead = PREFETCH_ROWS * group.row_bytes + o
+    for at in (group.o0, group.o1, group.o2, group.o3):
         prefetch_span(flat, at + ahead, block_bytes)
 
 
-# Every activation row against a row group (_row_group), one row at a time, its sums in
+# Every activation row against a row group (RowGroup), one row at a time, its sums in
 # registers (accumulators); other arguments as in block_matmul.
 @njit(cache=True, inline="always")
 def _row_by_row(block_dot, flat, group, xq, xd, xs, halves, one, out, block, block_bytes):
-    o0, o1, o2, o3 = group[4:]
+    o0, o1, o2, o3 = group.o0, group.o1, group.o2, group.o3
     acc = accumulators(block)
     s = carray(local_f32(ROWS), (ROWS,))
     for t in range(xq.shape[0]):
@@ -144,7 +158,7 @@ def _row_by_row(block_dot, flat, group, xq, xd, xs, halves, one, out, block, blo
 # can alias the weights). Same operations per row as _row_by_row, in the same order.
 @njit(cache=True, inline="always")
 def _shared_blocks(block_dot, flat, group, xq, xd, xs, t0, t1, halves, one, out, block_bytes):
-    o0, o1, o2, o3 = group[4:]
+    o0, o1, o2, o3 = group.o0, group.o1, group.o2, group.o3
     accs = carray(local_f32(SHARED_SLOTS), (SHARED_ROWS, ROWS, LANES))
     sums = carray(local_f32(SHARED_SUMS), (SHARED_ROWS, ROWS))
     for t in range(t1 - t0):
