@@ -13,15 +13,24 @@ import numpy as np
 from numba import njit
 
 
-# x: [n, k] -> block b of row t into q: [n, k], d: [n, k // block], sums: [n, k // sum_group]
+# -> max |x[t, b0 : b0 + block]|, NaNs skipped. On the values' bits: a float compare in a
+# reduction keeps LLVM from vectorizing it (its order could matter to a NaN), where |x| as bits
+# orders as |x| does and an unsigned maximum vectorizes (a row took 3.6x as long to quantize).
 @njit(cache=True, inline="always")
-def _quantize_block(x, block, sum_group, q, d, sums, t, b):
-    b0 = b * block
-    amax = np.float32(0.0)
+def _abs_max(bits, t, b0, block):
+    m = np.uint32(0)
     for j in range(block):
-        a = abs(x[t, b0 + j])
-        if a > amax:
-            amax = a
+        a = bits[t, b0 + j] & np.uint32(0x7FFFFFFF)
+        m = max(m, a if a <= np.uint32(0x7F800000) else np.uint32(0))  # above infinity: NaN
+    return np.uint32(m).view(np.float32)
+
+
+# x: [n, k], bits: x viewed as uint32 -> block b of row t into q: [n, k], d: [n, k // block],
+# sums: [n, k // sum_group]
+@njit(cache=True, inline="always")
+def _quantize_block(x, bits, block, sum_group, q, d, sums, t, b):
+    b0 = b * block
+    amax = _abs_max(bits, t, b0, block)
     scale = amax / np.float32(127.0)
     inv = np.float32(1.0) / scale if scale > 0 else np.float32(0.0)
     d[t, b] = scale
@@ -45,7 +54,8 @@ def quantize_rows(x, block, sum_group, q_type):
     q = np.empty((n, k), q_type)
     d = np.empty((n, k // block), np.float32)
     sums = np.empty((n, k // sum_group if sum_group > 0 else 0), np.int32)
+    bits = x.view(np.uint32)
     for t in range(n):
         for b in range(k // block):
-            _quantize_block(x, block, sum_group, q, d, sums, t, b)
+            _quantize_block(x, bits, block, sum_group, q, d, sums, t, b)
     return q, d, sums

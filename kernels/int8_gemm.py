@@ -296,9 +296,10 @@ def quantize_activations(x, block, groups):
     dx = np.empty((n, nb), np.float32)
     sums = np.empty((n, nb * groups), np.int32)
     sx = np.empty((n, nb * groups), np.float32)
+    bits = x.view(np.uint32)
     for t in prange(n):
         for b in range(nb):
-            _quantize_block(x, block, size, xq, dx, sums, t, b)
+            _quantize_block(x, bits, block, size, xq, dx, sums, t, b)
             for g in range(b * groups, (b + 1) * groups):
                 sx[t, g] = dx[t, b] * np.float32(sums[t, g])
     return xq, dx, sx
