@@ -176,17 +176,26 @@ def bind_small(parts: list[QuantWeight]) -> tuple[Callable[[np.ndarray], np.ndar
     A mixed run must not fall back to the GEMMs above small_n_max: at one row they take 1.5-1.9x
     the fused kernel's time (K-quants, Zen 4)."""
     calls, n_max = [], None
-    for _, run in groupby(parts, key=lambda p: (id(p.unit), p.shape[1])):
-        run = list(run)
+    for run in _runs(parts):
         unit = run[0].unit
         packed = stack(run) if len(run) > 1 else run[0].packed
         if unit.matmul_small is None or packed is None:
             return None
         calls.append(bind_stacked(run, packed))
         n_max = unit.small_n_max if n_max is None else min(n_max, unit.small_n_max)
+    return _side_by_side(calls), n_max
+
+
+def _runs(parts: list[QuantWeight]) -> list[list[QuantWeight]]:
+    # runs of consecutive parts of one type and input size: those one kernel launch may take
+    return [list(run) for _, run in groupby(parts, key=lambda p: (id(p.unit), p.shape[1]))]
+
+
+def _side_by_side(calls: list[Callable]) -> Callable[[np.ndarray], np.ndarray]:
+    # calls' f(x) -> f(x) = their outputs' columns side by side
     if len(calls) == 1:
-        return calls[0], n_max
-    return (lambda x: np.concatenate([call(x) for call in calls], axis=1)), n_max
+        return calls[0]
+    return lambda x: np.concatenate([call(x) for call in calls], axis=1)
 
 
 def _bound(parts: list[QuantWeight], kernel: Callable, step: int | None) -> Callable:
@@ -247,8 +256,8 @@ def bind_row_wise(
     parts: list[QuantWeight], int8: bool = False, exact: bool = False
 ) -> Callable[[np.ndarray], np.ndarray]:
     """-> f(x): x: float32[n, in] -> float32[n, sum of the parts' outs], every row through
-    `matmul`'s row-wise path, the parts (weights of one type and input size in one buffer, as
-    Q, K and V are in a model file) in one kernel launch; others part by part.
+    `matmul`'s row-wise path, each run of consecutive parts of one type and input size in one
+    buffer (Q, K and V are in a model file) in one kernel launch; others part by part.
 
     One kernel at every n: a row's bits must not depend on how many rows share the call. Every
     unit's row-tile kernel and the quantized units' fused kernels compute each row on its own
@@ -257,11 +266,13 @@ def bind_row_wise(
     where the compile target enables it and it beats the unit's float row tiles (`int8_faster`);
     elsewhere the float path. exact: float activations for every type (no fused int8 kernel).
     """
+    runs = _runs(parts)
+    if len(runs) > 1:  # Q and K of one type, then a V of another (Q4_K_M): a launch a run
+        return _side_by_side([bind_row_wise(run, int8, exact) for run in runs])
     first = parts[0]
     stacked = stack_rows(parts) if len(parts) > 1 else first.row_parts
     if stacked is None:
-        calls = [bind_row_wise([p], int8, exact) for p in parts]
-        return lambda x: np.concatenate([call(x) for call in calls], axis=1)
+        return _side_by_side([bind_row_wise([p], int8, exact) for p in parts])
     unit = first.unit
     if int8 and INT8_ENABLED and unit.int8_faster:
         return _bound(parts, unit.matmul_int8.bind(stacked), step=None)

@@ -129,8 +129,8 @@ def test_stacked_weights_in_one_buffer_give_each_parts_own_rows(qtype):
 
 def test_parts_of_two_types_take_the_fused_kernels_one_launch_per_type():
     """Q and K in Q4_K, V in Q6_K (a Q4_K_M file's layers): a decode-sized call gives each
-    part's own fused-kernel rows, up to the smaller small_n_max; a part without a fused kernel
-    leaves no small-n path."""
+    part's own fused-kernel rows, up to the smaller small_n_max, and a row-wise call each part's
+    own row-wise rows; a part without a fused kernel leaves no small-n path."""
     rng = np.random.default_rng(5)
     cols, outs = 512, (24, 8)
     row_bytes = cols // 256 * GGML_QUANT_SIZES[T.Q4_K][1]
@@ -147,6 +147,12 @@ def test_parts_of_two_types_take_the_fused_kernels_one_launch_per_type():
         got = call(x)
         assert got.shape == (n, 40) and np.isfinite(got).all()
         assert np.array_equal(got, want)
+    # the row-wise paths: Q and K in one launch, V in another, each part's own rows
+    for int8 in (False, True):
+        for n in (1, 7, 70):
+            x = rng.standard_normal((n, cols), dtype=np.float32)
+            parts = [kernels.bind_row_wise([p], int8=int8)(x) for p in (q, k, v)]
+            assert np.array_equal(kernels.bind_row_wise([q, k, v], int8=int8)(x), np.hstack(parts))
     half = np.zeros(8 * cols, np.float16).view(np.uint8)
     other = kernels.QuantWeight.from_raw(half, T.F16, (8, cols))
     assert other.unit.matmul_small is None and kernels.bind_small([q, other]) is None
@@ -260,6 +266,11 @@ def test_act_quant_round_trip_and_sums(block, sum_group, q_type):
         assert np.array_equal(sums, want)
     else:
         assert sums.shape == (3, 0)
+    # a block's scale is its largest magnitude / 127, of either sign, a NaN passed over
+    x[0, 5], x[2, block + 3], x[2, 2 * block] = -1e3, np.nan, -0.0
+    d = quantize_rows(x, block, sum_group, q_type)[1]
+    want = np.nanmax(np.abs(x).reshape(3, 4, block), axis=2) / np.float32(127)
+    assert d.dtype == want.dtype and np.array_equal(d, want)
 
 
 def test_linear_fast_path_matches_the_general_path():
