@@ -194,12 +194,15 @@ def main() -> None:
 
     # concurrent copy-heavy streams: aggregate output tok/s over the batch's wall time
     convs = [code_prompt(CODE[i % len(CODE)]) for i in range(args.streams)]
+    # a synthetic model's vocabulary cuts the files into more tokens than a real one's
+    longest = max(len(plain.requests.chat_token_ids(conv)) for conv in convs)
+    stream_ctx = max(ctx, longest + args.max_tokens // 2)
     many = {}
     for label, knobs in (("plain", {}), ("ngram", {"speculative": "ngram", "spec_k": args.spec_k})):
         llm = LLM(
             str(path),
             threads=args.threads,
-            ctx=2048,
+            ctx=stream_ctx,
             parallel=args.streams,
             prefix_caching=False,
             **knobs,

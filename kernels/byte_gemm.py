@@ -53,11 +53,6 @@ STEP = 4 * SUBS  # bytes per vpdpbusd
 # has 512-bit vectors (one lane per sub-block) and the byte dot-product instruction.
 ENABLED = VEC_LANES == SUBS and "+avx512vnni" in target_features()
 
-# The fewest rows for which this GEMM beats the K-quants' fused kernel (their small_n_max + 1):
-# a decode step of 3 rows unpacks each weight once for all of them, where the fused kernel unpacks
-# it for every row.
-BYTE_GEMM_FROM = 3
-
 # Largest tile: BYTE_ROWS weight rows by BYTE_COLS activation rows; their integer sums and float
 # accumulators (two vectors a pair) and a vector per activation row fit AVX-512's 32 registers.
 BYTE_ROWS, BYTE_COLS = 4, 3

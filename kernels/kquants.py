@@ -16,7 +16,7 @@ from numba import njit
 
 from edgeinfer.gguf.constants import GGMLQuantizationType
 
-from .byte_gemm import BYTE_GEMM_FROM
+from .block_matmul import SHARED_ROWS
 from .byte_gemm import ENABLED as BYTE_GEMM_ENABLED
 from .floatbits import read_half
 from .kquant_dot import (
@@ -38,11 +38,14 @@ I32 = np.int32
 
 
 def kquant_unit(qtype: GGMLQuantizationType, dequantize_row, layout: Layout, small_n_max: int):
-    # small_n_max: where the row-tile kernel becomes faster (the 16-bit GEMM's too, Zen 3). The
-    # byte GEMM beats the fused kernel from 3 rows (0.57-0.74x its time at n = 3, 1.0-1.3x at
-    # n = 2; Q2_K ... Q6_K, Zen 4, 2 threads, [4096, 2048]): decode steps of more rows take it.
+    # small_n_max: where the row-tile kernel becomes faster (the 16-bit GEMM's too, Zen 3). Where
+    # the byte GEMM runs, it takes the rows past SHARED_ROWS: up to there the fused kernel
+    # unpacks each super-block once for all of them (block_matmul_shared), and a decode step or
+    # verify pass took 0.7-0.9x the byte GEMM's time at 3 to 5 rows, 0.85-1.0x at 6 to 8 (the
+    # 1B Llama's shapes in Q2_K, Q3_K_M, Q4_K_M and Q5_K_M files, 2 threads, Intel Xeon), each
+    # row with the bits of a one-row step. Not measured on the other targets: row by row there.
     if BYTE_GEMM_ENABLED:
-        small_n_max = min(small_n_max, BYTE_GEMM_FROM - 1)
+        small_n_max = min(small_n_max, SHARED_ROWS)
     dot = super_block_dot(layout)
     # int8_faster: 1.35-2.2x the float row tiles a core (Zen 3, n = 512); int8_rows: 1.2-2.3x
     # them at n = 13..64 as well (Zen 3, 2 threads, 64 MB weights)
@@ -52,6 +55,7 @@ def kquant_unit(qtype: GGMLQuantizationType, dequantize_row, layout: Layout, sma
         unpack_bytes=super_block_byte_unpacker(layout),
         int8_faster=True,
         int8_rows=True,
+        shared_unpacking=BYTE_GEMM_ENABLED,
     )
     return build(qtype, dequantize_row, dot, SUM_GROUP, small_n_max=small_n_max, **int8)
 

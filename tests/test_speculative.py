@@ -390,6 +390,21 @@ def test_the_real_model_copies_with_drafts_and_keeps_its_greedy_output(real_mode
         assert s.spec_acceptance_rate > 0.3 and s.spec_mean_accepted > 1, s
 
 
+def test_a_k_quant_verify_pass_gives_each_row_the_bits_of_a_one_token_step(synthetic_model):
+    # a Q4_K_M file's fused kernels take a pass of up to 8 rows (7 at spec_k 6) by default, each
+    # row computed as a one-token step computes it: the same tokens and log-probabilities
+    path = synthetic_model("llama", "Q4_K_M")
+    phrase = np.random.default_rng(3).integers(300, 400, 12).tolist()
+    # the reply copies the phrase (drafts accepted), then goes its own way (drafts rejected)
+    script = dict(logits_processors=[script_processor(phrase * 2, 50.0)])
+    params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True, logprobs=2, **script)
+    (want,), _ = run(path, [phrase * 3], [params])
+    (got,), stats = run(path, [phrase * 3], [params], speculative="ngram", spec_k=6)
+    assert got.token_ids == want.token_ids
+    assert got.logprobs == want.logprobs
+    assert 0 < stats.spec_accepted_tokens < stats.spec_proposed_tokens
+
+
 # -- a draft model ---------------------------------------------------------------------------
 
 
