@@ -196,7 +196,8 @@ def main() -> None:
     convs = [code_prompt(CODE[i % len(CODE)]) for i in range(args.streams)]
     # a synthetic model's vocabulary cuts the files into more tokens than a real one's
     longest = max(len(plain.requests.chat_token_ids(conv)) for conv in convs)
-    stream_ctx = max(ctx, longest + args.max_tokens // 2)
+    stream_tokens = args.max_tokens // 2
+    stream_ctx = max(ctx, longest + stream_tokens)
     many = {}
     for label, knobs in (("plain", {}), ("ngram", {"speculative": "ngram", "spec_k": args.spec_k})):
         llm = LLM(
@@ -208,7 +209,7 @@ def main() -> None:
             **knobs,
         )
         llm.chat(WORKLOADS["chat"], SamplingParams(temperature=0, max_tokens=4))
-        many[label] = edgeinfer_run(llm, convs, args.max_tokens // 2)
+        many[label] = edgeinfer_run(llm, convs, stream_tokens)
         del many[label]["token_ids"]
         del llm
     report["streams"] = many

@@ -43,7 +43,9 @@ def kquant_unit(qtype: GGMLQuantizationType, dequantize_row, layout: Layout, sma
     # unpacks each super-block once for all of them (block_matmul_shared), and a decode step or
     # verify pass took 0.7-0.9x the byte GEMM's time at 3 to 5 rows, 0.85-1.0x at 6 to 8 (the
     # 1B Llama's shapes in Q2_K, Q3_K_M, Q4_K_M and Q5_K_M files, 2 threads, Intel Xeon), each
-    # row with the bits of a one-row step. Not measured on the other targets: row by row there.
+    # row with the bits of a one-row step. On AMD Zen 4 it took 1.0-1.14x the byte GEMM's time
+    # at 3 and 4 rows, 0.9-1.0x at 5, 1.05-1.22x at 6 to 8 (Q4_K_M): kept there too, for those
+    # bits (a verify pass at the default spec-k). Not measured on the other targets: row by row.
     if BYTE_GEMM_ENABLED:
         small_n_max = min(small_n_max, SHARED_ROWS)
     dot = super_block_dot(layout)
