@@ -5,7 +5,7 @@
 
 For every type: a random weight of >= --mb MB (bigger than L3, so it streams from RAM),
 y = x · Wᵀ for each n; GB/s = weight bytes / time, % of the bandwidth measured in the same run
-with all threads (a parallel sum over a large array), GFLOP/s = 2·n·out·in / time; at n = 512
+with all threads (bench/bandwidth.py), GFLOP/s = 2·n·out·in / time; at n = 512
 also numpy's float32 matmul FLOP rate on the same shape, and the prompt rows' two row-wise paths
 (the float row tiles of --precision exact, the int8 GEMM of fast where the type takes it).
 Best of several repeats, and best of --rounds passes over all the types (the bandwidth too,
@@ -27,8 +27,8 @@ import time
 
 import numpy as np
 import psutil
+from bandwidth import read_bandwidth  # bench/, the script's folder
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-from numba import njit, prange
 from threadpoolctl import threadpool_limits
 
 from edgeinfer import kernels
@@ -43,15 +43,6 @@ SCALE_FIELDS = {
 }  # fmt: skip
 
 
-# a: [m] float32 -> sum; Numba splits the range over the threads (a streaming read, nothing else)
-@njit(parallel=True, cache=True, fastmath=True)
-def _parallel_sum(a):
-    s = np.float32(0.0)
-    for i in prange(a.size):
-        s += a[i]
-    return s
-
-
 def best_time(fn, repeats: int) -> float:
     fn()
     best = float("inf")
@@ -60,12 +51,6 @@ def best_time(fn, repeats: int) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return best
-
-
-def read_bandwidth(mb: int = 512) -> float:
-    a = np.ones((mb << 20) // 4, np.float32)
-    kernels.threads.apply()
-    return a.nbytes / best_time(lambda: _parallel_sum(a), 7) / 1e9
 
 
 def random_weight(qtype: GGMLQuantizationType, min_mb: int, rng) -> kernels.QuantWeight:
@@ -203,7 +188,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     rounds, bandwidths = [], []
     for _ in range(args.rounds):
-        bandwidths.append(read_bandwidth())
+        bandwidths.append(read_bandwidth(kernels.threads.apply()) / 1e9)
         rounds.append([r for q in types for r in bench_type(q, ns, args.mb, bandwidths[-1], rng)])
     bandwidth = max(bandwidths)
     results = best_of_rounds(rounds, bandwidth)

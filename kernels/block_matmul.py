@@ -21,7 +21,7 @@ from numba import carray, njit, prange
 
 from .act_quant import quantize_rows
 from .floatbits import HALF_TABLE, opaque_one
-from .simd import LANES, local_f32, prefetch
+from .simd import LANES, VNNI_512, local_f32, prefetch
 
 ROWS = 4  # written out in the loops below
 ACC_SLOTS = ROWS * LANES
@@ -45,13 +45,13 @@ def prefetch_span(flat, start, nbytes):
         prefetch(flat, start + k * LINE)
 
 
-# -> float32[ROWS, LANES], a row group's accumulators. For 32-weight blocks on the stack, where
-# LLVM keeps them in registers (see simd.local_f32): no store per block, and loads shared by the
-# rows. A K-quant's 256-weight super-block needs those registers for its own unpacking, so its
-# sums stay in memory.
+# -> float32[ROWS, LANES], a row group's accumulators, on the stack, where LLVM keeps them in
+# registers (see simd.local_f32): no store per block, and loads shared by the rows. A K-quant's
+# super-block keeps its sums in memory but with AVX-512 VNNI (32 registers, a byte dot product
+# an instruction): elsewhere its unpacking needs those registers itself.
 @njit(cache=True, inline="always")
 def accumulators(block):
-    if block <= SMALL_BLOCK:
+    if block <= SMALL_BLOCK or VNNI_512:
         return carray(local_f32(ACC_SLOTS), (ROWS, LANES))
     return np.empty((ROWS, LANES), np.float32)
 

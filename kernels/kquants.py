@@ -38,14 +38,9 @@ I32 = np.int32
 
 
 def kquant_unit(qtype: GGMLQuantizationType, dequantize_row, layout: Layout, small_n_max: int):
-    # small_n_max: where the row-tile kernel becomes faster (the 16-bit GEMM's too, Zen 3). Where
-    # the byte GEMM runs, it takes the rows past SHARED_ROWS: up to there the fused kernel
-    # unpacks each super-block once for all of them (block_matmul_shared), and a decode step or
-    # verify pass took 0.7-0.9x the byte GEMM's time at 3 to 5 rows, 0.85-1.0x at 6 to 8 (the
-    # 1B Llama's shapes in Q2_K, Q3_K_M, Q4_K_M and Q5_K_M files, 2 threads, Intel Xeon), each
-    # row with the bits of a one-row step. On AMD Zen 4 it took 1.0-1.14x the byte GEMM's time
-    # at 3 and 4 rows, 0.9-1.0x at 5, 1.05-1.22x at 6 to 8 (Q4_K_M): kept there too, for those
-    # bits (a verify pass at the default spec-k). Not measured on the other targets: row by row.
+    # small_n_max: where the row-tile kernel becomes faster. Where the byte GEMM runs it takes
+    # only the rows past SHARED_ROWS: up to there each super-block is unpacked once for all the
+    # rows (block_matmul_shared), and each row of a verify pass gets the bits of a one-row step.
     if BYTE_GEMM_ENABLED:
         small_n_max = min(small_n_max, SHARED_ROWS)
     dot = super_block_dot(layout)
