@@ -46,9 +46,9 @@ def prefetch_span(flat, start, nbytes):
 
 
 # -> float32[ROWS, LANES], a row group's accumulators, on the stack, where LLVM keeps them in
-# registers (see simd.local_f32): no store per block, and loads shared by the rows. A K-quant's
-# super-block keeps its sums in memory but with AVX-512 VNNI (32 registers, a byte dot product
-# an instruction): elsewhere its unpacking needs those registers itself.
+# registers (see simd.local_f32): no store per block, and loads shared by the rows. Without
+# AVX-512 VNNI (32 registers, a byte dot product an instruction) a K-quant's 256-weight
+# super-block needs those registers for its own unpacking, so there its sums stay in memory.
 @njit(cache=True, inline="always")
 def accumulators(block):
     if block <= SMALL_BLOCK or VNNI_512:

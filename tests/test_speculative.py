@@ -391,8 +391,8 @@ def test_the_real_model_copies_with_drafts_and_keeps_its_greedy_output(real_mode
 
 
 def test_a_k_quant_verify_pass_gives_each_row_the_bits_of_a_one_token_step(synthetic_model):
-    # a Q4_K_M file's fused kernels take a pass of at least 8 rows (7 at spec_k 6) by default, each
-    # row computed as a one-token step computes it: the same tokens and log-probabilities
+    # a Q4_K_M file's fused kernels take every verify pass of up to 8 rows (spec_k 6 makes 7),
+    # each row computed as a one-token step computes it: the same tokens and log-probabilities
     path = synthetic_model("llama", "Q4_K_M")
     phrase = np.random.default_rng(3).integers(300, 400, 12).tolist()
     # the reply copies the phrase (drafts accepted), then goes its own way (drafts rejected)
