@@ -13,7 +13,7 @@ too, each field of the two groups is one bit-matrix instruction, vgf2p8affineqb)
 one per 32 repeats each).
 
 Masks and shifts are constants; `one` (floatbits.opaque_one) is what keeps LLVM from bounding
-the fields and dropping the byte multiply-add (see simd._byte_pair_sums).
+the fields and dropping the byte multiply-add where it is not named (see simd._byte_pair_sums).
 """
 
 from typing import NamedTuple

@@ -9,7 +9,9 @@ row ends:
   widening multiplies on ARM), for every type with unsigned fields (all but Q8_0);
 - sign-extended int16 products (`_pair_sums`: vpmaddwd on x86, smull + addp on ARM), for Q8_0
   and to widen or scale the byte sums.
-No instruction set is named: LLVM picks the instructions for the machine it compiles on.
+LLVM picks the instructions for the machine it compiles on; a few are named where the target
+has them (x86's multiply-adds on AVX2, VNNI's byte dot products, GFNI's bit matrices), each
+behind a flag of the compile target's features, the portable shape the fallback.
 
 Every function here reads raw pointers without bounds checks: callers pass 1-D C-contiguous
 arrays and offsets they have checked (weight rows validated by the loader, activations of whole
@@ -52,6 +54,10 @@ VNNI_512 = {"+avx512vnni", "+avx512f"} <= target_features()
 # shift-and-mask of a byte in one instruction, a different one per 64-bit lane
 GFNI_256 = {"+gfni", "+avx"} <= target_features()
 GFNI_512 = {"+gfni", "+avx512f"} <= target_features()
+# x86's byte and word multiply-adds of 256-bit vectors (vpmaddubsw, vpmaddwd), named as such
+# (AVX2): from the portable shapes LLVM lost some to plain multiplies, and the byte one needs an
+# OR a group to keep (see _byte_pair_sums)
+X86_MADD = "+avx2" in target_features()
 
 
 # VEC_LANES: floats per vector register of the compile target, the width of dot_tile's
@@ -90,10 +96,20 @@ def _pick(builder, v, idx):
     return builder.shuffle_vector(v, v, ir.Constant(_vec(_I32, len(idx)), idx))
 
 
+def _x86_madd(builder, name, a, b, result):
+    # llvm.x86.avx2.<name> (pmadd.ub.sw, pmadd.wd) of a and b -> result (X86_MADD)
+    fn = builder.module.declare_intrinsic(
+        f"llvm.x86.avx2.{name}", fnty=ir.FunctionType(result, [a.type, b.type])
+    )
+    return builder.call(fn, [a, b])
+
+
 def _pair_sums(builder, w, x):
     # w, x: <n x i8 | i16> -> <n/2 x i32>, lane i = w[2i] * x[2i] + w[2i+1] * x[2i+1]: the shape
-    # LLVM turns into multiply-add-pairs instructions
+    # LLVM turns into multiply-add-pairs instructions (vpmaddwd itself for 16 words on AVX2)
     n = w.type.count
+    if X86_MADD and w.type == x.type == _vec(_I16, 16):
+        return _x86_madd(builder, "pmadd.wd", w, x, _vec(_I32, 8))
     prod = builder.mul(builder.sext(w, _vec(_I32, n)), builder.sext(x, _vec(_I32, n)))
     return builder.add(_pick(builder, prod, range(0, n, 2)), _pick(builder, prod, range(1, n, 2)))
 
@@ -121,6 +137,9 @@ def _byte_pair_sums(builder, q, x, one):
     # (vpmaddubsw on x86), in the shape LLVM selects it from. Nothing ever saturates
     # (2 * 63 * 128 < 2**15), but LLVM keeps the saturation, and so the shape, only while it
     # cannot bound q: q is ORed with one - 1, a 0 it cannot see (one: floatbits.opaque_one).
+    # On AVX2 the instruction itself, which needs no such OR.
+    if X86_MADD:
+        return _x86_madd(builder, "pmadd.ub.sw", q, x, _vec(_I16, 16))
     w32 = _vec(_I32, 16)
     unseen_zero = builder.sub(one, ir.Constant(one.type, 1))
     q = _freeze(builder, builder.or_(q, _splat(builder, unseen_zero, 32)))
@@ -174,7 +193,10 @@ def _byte_quad_sums(builder, start, q, x, one):
     # (vpmaddwd, where a constant 1 would be folded into four shuffles and extensions)
     if VNNI_256:
         return _vnni(builder, "vpdpbusd", start, q, x)
-    ones = _splat(builder, builder.zext(one, _I16), 16)
+    if X86_MADD:  # a constant 1 is not folded into vpmaddwd itself
+        ones = ir.Constant(_vec(_I16, 16), [1] * 16)
+    else:
+        ones = _splat(builder, builder.zext(one, _I16), 16)
     return builder.add(start, _pair_sums(builder, _byte_pair_sums(builder, q, x, one), ones))
 
 

@@ -23,9 +23,9 @@ TARGETS = {
 @pytest.fixture(autouse=True)
 def portable_ir(monkeypatch):
     # simd takes some instructions only where the compile target (this host) has them: GFNI's
-    # bit matrices, a half conversion. The IR lowered here for other targets must not; the
-    # tests below that want them set them again.
-    for flag in ("GFNI_256", "GFNI_512", "HALF_CONVERT"):
+    # bit matrices, a half conversion, x86's multiply-adds by name. The IR lowered here for
+    # other targets must not; the tests below that want them set them again.
+    for flag in ("GFNI_256", "GFNI_512", "HALF_CONVERT", "X86_MADD"):
         monkeypatch.setattr(simd, flag, False)
 
 
@@ -281,6 +281,19 @@ def test_byte_quad_sums_take_one_vnni_instruction_where_the_target_has_it(monkey
         assert ops.count("vpdpbusd") == 1 and "vpmaddubsw" not in ops, ops
     else:
         assert ops.count("vpmaddubsw") == 1 and ops.count("vpmaddwd") == 1, ops
+
+
+@pytest.mark.parametrize("named", [False, True])
+def test_byte_products_need_no_or_where_the_multiply_adds_are_named(monkeypatch, named):
+    # X86_MADD (AVX2) names vpmaddubsw and vpmaddwd; the portable shape keeps vpmaddubsw only
+    # with its fields ORed with an unseen zero, one vpor a group (in a whole Q6_K kernel LLVM
+    # still lowered a few groups to widening multiplies)
+    monkeypatch.setattr(simd, "X86_MADD", named)
+    for module in (byte_products_module(), quad_sums_module()):
+        ops = lowered_ops(module, "x86_64-unknown-linux-gnu", optimize=True)
+        assert no_library_call(ops), sorted(set(ops))
+        assert ops.count("vpmaddubsw") == 1 and ops.count("vpmaddwd") == 1, ops
+        assert ("vpor" in ops) != named, ops
 
 
 def test_nibbles_take_one_bit_matrix_instruction_where_the_target_has_gfni(monkeypatch):
