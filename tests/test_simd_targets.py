@@ -287,8 +287,9 @@ def test_byte_quad_sums_take_one_vnni_instruction_where_the_target_has_it(monkey
 def test_byte_products_need_no_or_where_the_multiply_adds_are_named(monkeypatch, named):
     # X86_MADD (AVX2) names vpmaddubsw and vpmaddwd; the portable shape keeps vpmaddubsw only
     # with its fields ORed with an unseen zero, one vpor a group (in a whole Q6_K kernel LLVM
-    # still lowered a few groups to widening multiplies)
+    # still lowered a few groups to widening multiplies). Compiled for AVX2 alone: no VNNI.
     monkeypatch.setattr(simd, "X86_MADD", named)
+    monkeypatch.setattr(simd, "VNNI_256", False)
     for module in (byte_products_module(), quad_sums_module()):
         ops = lowered_ops(module, "x86_64-unknown-linux-gnu", optimize=True)
         assert no_library_call(ops), sorted(set(ops))
