@@ -368,6 +368,11 @@ def _per_16(builder, values, sums):
     return builder.add(_pick(builder, weighted, range(8)), _pick(builder, weighted, range(8, 16)))
 
 
+def q_bits(layout: Layout) -> int:
+    """The bits of the type's unsigned q (its fields', placed)."""
+    return max(f.position + f.bits for fields in layout.fields for f in fields)
+
+
 def min_groups(layout: Layout) -> int:
     """Minimums per super-block in the int8 GEMM's unpacked form (int8_gemm): one per scale of
     a type with minimums (8 for packed6, 16 for nibbles), 0 without."""

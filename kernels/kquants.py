@@ -17,7 +17,7 @@ from numba import njit
 from edgeinfer.gguf.constants import GGMLQuantizationType
 
 from .block_matmul import SHARED_ROWS
-from .byte_gemm import ENABLED as BYTE_GEMM_ENABLED
+from .byte_gemm import VNNI as BYTE_DOT_PRODUCTS
 from .floatbits import read_half
 from .kquant_dot import (
     GROUPS,
@@ -26,6 +26,7 @@ from .kquant_dot import (
     Field,
     Layout,
     min_groups,
+    q_bits,
     super_block_byte_unpacker,
     super_block_dot,
     super_block_unpacker,
@@ -38,10 +39,10 @@ I32 = np.int32
 
 
 def kquant_unit(qtype: GGMLQuantizationType, dequantize_row, layout: Layout, small_n_max: int):
-    # small_n_max: where the row-tile kernel becomes faster. Where the byte GEMM runs it takes
-    # only the rows past SHARED_ROWS: up to there each super-block is unpacked once for all the
-    # rows (block_matmul_shared), and each row of a verify pass gets the bits of a one-row step.
-    if BYTE_GEMM_ENABLED:
+    # small_n_max: where the row-tile kernel becomes faster. Where the byte GEMM runs on VNNI it
+    # takes only the rows past SHARED_ROWS: up to there each super-block is unpacked once for all
+    # the rows (block_matmul_shared), and each row of a verify pass gets the bits of a one-row step.
+    if BYTE_DOT_PRODUCTS:
         small_n_max = min(small_n_max, SHARED_ROWS)
     dot = super_block_dot(layout)
     # int8_faster: 1.35-2.2x the float row tiles a core (Zen 3, n = 512); int8_rows: 1.2-2.3x
@@ -50,9 +51,10 @@ def kquant_unit(qtype: GGMLQuantizationType, dequantize_row, layout: Layout, sma
         unpack=super_block_unpacker(layout),
         min_groups=min_groups(layout),
         unpack_bytes=super_block_byte_unpacker(layout),
+        q_bits=q_bits(layout),
         int8_faster=True,
         int8_rows=True,
-        shared_unpacking=BYTE_GEMM_ENABLED,
+        shared_unpacking=BYTE_DOT_PRODUCTS,
     )
     return build(qtype, dequantize_row, dot, SUM_GROUP, small_n_max=small_n_max, **int8)
 

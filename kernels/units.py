@@ -20,15 +20,14 @@ from numba import njit, prange
 from edgeinfer.gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .block_matmul import Fused, block_matmul, block_matmul_shared, parts_of
-from .byte_gemm import ENABLED as BYTE_GEMM_ENABLED
-from .byte_gemm import byte_matmul
+from .byte_gemm import byte_matmul, byte_tile_for
 from .floatbits import HALF_TABLE
 from .int8_gemm import IntGemm, int8_matmul, tile_rows
 from .matmul import RowTile, row_tile_matmul
 from .registry import QuantType, register
 
 # The templates' globals that `build` sets per type: placeholders here.
-DEQUANTIZE_ROW = BLOCK_DOT = UNPACK = BLOCK_MATMUL = None
+DEQUANTIZE_ROW = BLOCK_DOT = UNPACK = BLOCK_MATMUL = BYTE_TILE = None
 BLOCK = TYPE_SIZE = SUM_GROUP = MIN_GROUPS = INT_ROWS = 0
 Q_TYPE = np.int8
 
@@ -57,7 +56,7 @@ def _matmul_int8(flat, starts, ends, halves, x, out):
 
 # as _matmul_int8, on byte_gemm's GEMM (where the target enables it)
 def _matmul_bytes(flat, starts, ends, halves, x, out):
-    byte_matmul(UNPACK, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE)
+    byte_matmul(UNPACK, BYTE_TILE, flat, starts, ends, halves, x, out, BLOCK, TYPE_SIZE)
 
 
 def jit_copy(template: Callable, name: str, constants: dict, **options) -> Callable:
@@ -87,6 +86,7 @@ def build(
     unpack: Callable | None = None,
     min_groups: int = 0,
     unpack_bytes: Callable | None = None,
+    q_bits: int = 8,
     shared_unpacking: bool = False,
     **fields,
 ) -> QuantType:
@@ -100,8 +100,8 @@ def build(
       the fused kernel (see block_matmul_shared), for the types whose unpacking costs about as
       much as their products;
     unpack, min_groups: the block's unpacking for the int8 GEMM (see int8_gemm; None: none);
-    unpack_bytes: the block's unpacking for the byte GEMM (see byte_gemm), which replaces the
-      int8 GEMM where the target enables it;
+    unpack_bytes, q_bits: the block's unpacking for the byte GEMM (see byte_gemm) and the bits of
+      its unsigned q: it replaces the int8 GEMM where the target's byte GEMM takes such q;
     fields: the other QuantType fields (small_n_max ...), or ones to use instead of the built
       kernels (F32's numpy and BLAS ones).
     """
@@ -122,8 +122,9 @@ def build(
     if block_dot is not None:
         fused = jit_copy(_matmul_fused, f"{name}_matmul_fused", constants, parallel=True)
         kernels.update(matmul_small=Fused(fused), repack=parts_of)
-    if unpack_bytes is not None and BYTE_GEMM_ENABLED:
-        byte_constants = {**constants, "UNPACK": unpack_bytes}
+    byte_tile = byte_tile_for(q_bits)
+    if unpack_bytes is not None and byte_tile is not None:
+        byte_constants = {**constants, "UNPACK": unpack_bytes, "BYTE_TILE": byte_tile}
         gemm = jit_copy(_matmul_bytes, f"{name}_matmul_bytes", byte_constants, parallel=True)
         kernels.update(matmul_int8=IntGemm(gemm))
     elif unpack is not None:

@@ -105,14 +105,15 @@ def test_int8_row_wise_rows_are_independent_of_the_batch(qtype):
 
 def test_targets_without_the_gemm_keep_the_float_path(monkeypatch):
     # a unit's int8 GEMM is only taken where the compile target enables it and it beats the
-    # path before it (the K-quants, Q8_0); elsewhere int8=True gives the row-wise kernels' bits
+    # path before it (the K-quants, Q8_0, and the 4- and 5-bit legacy types where the byte GEMM
+    # takes them); elsewhere int8=True gives the row-wise kernels' bits
     rng = np.random.default_rng(11)
-    assert [t for t in QUANTIZED if kernels.get_unit(t).int8_faster] == [*KQUANTS, T.Q8_0]
+    faster = [t for t in QUANTIZED if t in KQUANTS or t == T.Q8_0 or byte_gemm.ENABLED]
+    assert [t for t in QUANTIZED if kernels.get_unit(t).int8_faster] == faster
     q4 = kernels.QuantWeight.from_raw(random_blocks(T.Q4_0, OUT * 8, rng), T.Q4_0, (OUT, 256))
     x4 = rng.standard_normal((N, 256)).astype(np.float32)
-    assert np.array_equal(
-        kernels.bind_row_wise([q4], int8=True)(x4), kernels.bind_row_wise([q4])(x4)
-    )
+    int8_q4, float_q4 = kernels.bind_row_wise([q4], int8=True)(x4), kernels.bind_row_wise([q4])(x4)
+    assert np.array_equal(int8_q4, float_q4) != byte_gemm.ENABLED
     w = kernels.QuantWeight.from_raw(
         random_blocks(T.Q4_K, OUT * 256 // 256, rng), T.Q4_K, (OUT, 256)
     )
@@ -164,7 +165,7 @@ on_x86 = pytest.mark.skipif(
 @pytest.mark.parametrize(
     "cpu, features, enabled, bytes_enabled",
     [
-        ("x86-64-v3", "", True, False),  # AVX2: 16-bit multiply-adds in 256-bit vectors
+        ("x86-64-v3", "+avx2", True, True),  # AVX2: byte_gemm on vpmaddubsw (Q8_0: 16-bit)
         ("x86-64-v4", "+avx512f", True, False),  # AVX-512 without VNNI's byte dot products
         ("znver4", "+avx512f,+avx512vnni", True, True),  # byte_gemm
         ("x86-64-v2", "", False, False),  # SSE4.2 only: 128-bit vectors
@@ -178,17 +179,27 @@ def test_the_gemm_follows_the_compile_target(cpu, features, enabled, bytes_enabl
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == [str(enabled), str(bytes_enabled)]
     units = [kernels.get_unit(t) for t in QUANTIZED]
-    if byte_gemm.ENABLED:  # this host's
-        assert all(u.matmul_int8.kernel.py_func.__name__.endswith("_bytes") for u in units)
+    if byte_gemm.ENABLED:  # this host's: AVX2's 16-bit pair sums would saturate on Q8_0's q
+        names = {
+            t: u.matmul_int8.kernel.py_func.__name__ for t, u in zip(QUANTIZED, units, strict=True)
+        }
+        sixteen_bit = {T.Q8_0} if byte_gemm.MADD else set()
+        assert {t for t, name in names.items() if not name.endswith("_bytes")} == sixteen_bit
 
 
-@pytest.mark.skipif("+avx2" not in target_features(), reason="the host cannot run AVX2 code")
 @on_x86
-def test_the_16_bit_gemm_on_a_target_without_byte_dot_products():
-    # Where the target has no byte dot product (AVX2: x86-64-v3), every quantized type takes
-    # int8_gemm's 16-bit path: the exact-math test above, compiled for that target in its own
-    # process
-    env = dict(os.environ, NUMBA_CPU_NAME="x86-64-v3", NUMBA_CPU_FEATURES="")
+@pytest.mark.parametrize(
+    "cpu, features, needs",
+    [
+        ("x86-64-v3", "+avx2", "+avx2"),  # AVX2: byte_gemm on vpmaddubsw, Q8_0 on 16-bit sums
+        ("x86-64-v4", "+avx512f", "+avx512f"),  # no byte dot products: all on int8_gemm's 16 bits
+    ],
+)
+def test_the_gemm_on_targets_without_byte_dot_products(cpu, features, needs):
+    # the exact-math test above, compiled for the target in its own process
+    if needs not in target_features():
+        pytest.skip(f"the host cannot run {cpu} code")
+    env = dict(os.environ, NUMBA_CPU_NAME=cpu, NUMBA_CPU_FEATURES=features)
     test = "test_int8_gemm_is_exact_math_on_rounded_activations"
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", test],
