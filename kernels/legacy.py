@@ -22,7 +22,7 @@ from numba.extending import intrinsic
 from edgeinfer.gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from .block_matmul import ROWS
-from .byte_gemm import QK, byte_tile_for, store_in_lane_order
+from .byte_gemm import QK, store_in_lane_order
 from .simd import (
     _I8,
     _I16,
@@ -283,14 +283,15 @@ def legacy_unit(qtype: GGMLQuantizationType, block: Block, small_n_max: int):
     )
     row = jit_copy(_dequantize_row, f"{qtype.name.lower()}_row", row_globals)
     acts = act_shape(block)
-    # Prompt rows take the int8 GEMM for Q8_0, whose rows took its fused int8 kernel before
-    # (1.05-1.2x slower), and for the 4- and 5-bit types where the byte GEMM takes them: 1.5-2.1x
-    # their float row tiles (AVX-512 VNNI and AVX2, an Intel core, n = 512). Their 16-bit GEMM's
-    # float scaling per 32 weights holds it to the float row tiles' speed (Q4_0, Q5_0: 1.0x a
-    # core on Zen 3) or below (Q4_1, Q5_1: 0.6-0.8x): there they keep float prompt rows.
+    # Prompt rows take the int8 GEMM for Q8_0 only, whose rows took its fused int8 kernel before
+    # (1.05-1.2x slower); the 4- and 5-bit types keep float prompt rows in every mode. The byte
+    # GEMM would run them at 1.5-2.1x their float row tiles (AVX-512 VNNI and AVX2, an Intel
+    # core, n = 512), but their int8 prompt rows cost the most accuracy: KL(exact || fast) on
+    # SmolLM2's Q4_1 4.4e-4 -> 2.5e-3, on Gemma 3 270M (81 Q5_0 tensors) 3.7e-3 -> 4.9e-3, past
+    # llama.cpp's 4.4e-3 (bench/accuracy.py kl, f16 KV, the same Intel machine).
     int8 = dict(unpack=block_unpacker(block), min_groups=1 if block.min_at else 0)
     int8.update(unpack_bytes=block_byte_unpacker(block), q_bits=block.bits)
-    int8.update(int8_faster=block.bits == 8 or byte_tile_for(block.bits) is not None)
+    int8.update(int8_faster=block.bits == 8)
     # Rows of a verify pass or of a few sequences share each block's unpacking where it costs
     # about as much as the products: 5-bit blocks and 4-bit ones with a min (at 5 to 7 rows of
     # [1536, 576], 0.68-0.78x the time, Q4_1 0.83-0.88x). Q4_0's nibbles and Q8_0's bytes cost

@@ -105,15 +105,14 @@ def test_int8_row_wise_rows_are_independent_of_the_batch(qtype):
 
 def test_targets_without_the_gemm_keep_the_float_path(monkeypatch):
     # a unit's int8 GEMM is only taken where the compile target enables it and it beats the
-    # path before it (the K-quants, Q8_0, and the 4- and 5-bit legacy types where the byte GEMM
-    # takes them); elsewhere int8=True gives the row-wise kernels' bits
+    # path before it (the K-quants, Q8_0); elsewhere int8=True gives the row-wise kernels' bits
     rng = np.random.default_rng(11)
-    faster = [t for t in QUANTIZED if t in KQUANTS or t == T.Q8_0 or byte_gemm.ENABLED]
-    assert [t for t in QUANTIZED if kernels.get_unit(t).int8_faster] == faster
+    assert [t for t in QUANTIZED if kernels.get_unit(t).int8_faster] == [*KQUANTS, T.Q8_0]
     q4 = kernels.QuantWeight.from_raw(random_blocks(T.Q4_0, OUT * 8, rng), T.Q4_0, (OUT, 256))
     x4 = rng.standard_normal((N, 256)).astype(np.float32)
-    int8_q4, float_q4 = kernels.bind_row_wise([q4], int8=True)(x4), kernels.bind_row_wise([q4])(x4)
-    assert np.array_equal(int8_q4, float_q4) != byte_gemm.ENABLED
+    assert np.array_equal(
+        kernels.bind_row_wise([q4], int8=True)(x4), kernels.bind_row_wise([q4])(x4)
+    )
     w = kernels.QuantWeight.from_raw(
         random_blocks(T.Q4_K, OUT * 256 // 256, rng), T.Q4_K, (OUT, 256)
     )
