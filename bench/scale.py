@@ -9,11 +9,12 @@ whose sliding-window layers keep only their window in both engines, up to 32k).
 Per model and context C, each engine runs in its own subprocess (bench/compare.py's worker:
 same file, same threads, the same C random token ids): prefill of the C-token prompt, then
 `--gen-tokens` greedy tokens decoded at context C; also peak RSS and start-up (process start
-to a first token, Numba's cache warm). Decode is reported as a share of the bandwidth
-roofline: weight bytes plus the KV bytes at the mean decode position, read once per token,
-over this run's measured bandwidth. `--kv-dtype` runs each context with each KV cache type
-(both engines the same: llama.cpp's -ctk/-ctv, with its flash attention for the quantized
-ones). The engines take turns, `--rounds` times each; the best round of each figure is kept.
+to a first token, Numba's cache warm: compare.warm_kernels runs first, per model and KV type).
+Decode is reported as a share of the bandwidth roofline: weight bytes plus the KV bytes at the
+mean decode position, read once per token, over this run's measured bandwidth. `--kv-dtype`
+runs each context with each KV cache type (both engines the same: llama.cpp's -ctk/-ctv, with
+its flash attention for the quantized ones). The engines take turns, `--rounds` times each; the
+best round of each figure is kept.
 `--quick`: the 1B Q4_K_M model at context 512 only (a few minutes).
 """
 
@@ -58,6 +59,8 @@ def measure(
     rows = []
     for ctx, kv_dtype in [(c, k) for c in contexts for k in kv_dtypes]:
         ids = np.random.default_rng(ctx).integers(3, vocab, ctx).tolist()
+        if ctx == contexts[0]:
+            compare.warm_kernels(path, threads, ids, kv_dtype)
         weights, kv = compare.decode_bytes(path, ctx + gen // 2, kv_dtype)
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump(ids, f)
