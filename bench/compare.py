@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -190,6 +191,17 @@ def _run_llama_cpp(
     }
 
 
+@contextmanager
+def ids_on_disk(ids: list[int]):
+    """-> the path of a temporary JSON file holding ids (the workers' prompt), removed after."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(ids, f)
+    try:
+        yield f.name
+    finally:
+        os.unlink(f.name)
+
+
 def warm_kernels(path: Path, threads: int, ids: list[int], kv: str = "f16") -> None:
     """One unmeasured edgeinfer worker on the start of ids (two prompt chunks, a few decode
     steps): a kernel Numba's disk cache lacks (a fresh machine, an edited kernel) compiles here,
@@ -197,12 +209,8 @@ def warm_kernels(path: Path, threads: int, ids: list[int], kv: str = "f16") -> N
     the compiler."""
     from edgeinfer.config import PREFILL_CHUNK
 
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump(ids[: PREFILL_CHUNK + 16], f)
-    try:
-        _spawn("edgeinfer", path, threads, f.name, 4, kv)
-    finally:
-        os.unlink(f.name)
+    with ids_on_disk(ids[: PREFILL_CHUNK + 16]) as ids_path:
+        _spawn("edgeinfer", path, threads, ids_path, 4, kv)
 
 
 def _spawn(engine: str, path: Path, threads: int, ids_file: str, gen: int, kv="f16") -> dict:
@@ -245,9 +253,7 @@ def compare(
         weights, kv = decode_bytes(path, n_prompt + gen // 2)
         ids = prompt_ids(path, n_prompt)
         warm_kernels(path, threads_list[0], ids)
-        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-            json.dump(ids, f)
-        try:
+        with ids_on_disk(ids) as ids_path:
             for t in threads_list:
                 case = {
                     "model": model,
@@ -260,7 +266,7 @@ def compare(
                 runs = {engine: [] for engine in ENGINES}
                 for i in range(rounds):
                     for engine in ENGINES if i % 2 == 0 else ENGINES[::-1]:
-                        runs[engine].append(_spawn(engine, path, t, f.name, gen))
+                        runs[engine].append(_spawn(engine, path, t, ids_path, gen))
                 for engine in ENGINES:
                     r = best_of(runs[engine])
                     r["roofline_share"] = r["decode_tok_s"] / case["roofline_tok_s"]
@@ -274,8 +280,6 @@ def compare(
                 if profile:
                     case["profile"] = _profile(model, t)
                 rows.append(case)
-        finally:
-            os.unlink(f.name)
     return rows
 
 

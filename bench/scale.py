@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -62,18 +61,14 @@ def measure(
         if ctx == contexts[0]:
             compare.warm_kernels(path, threads, ids, kv_dtype)
         weights, kv = compare.decode_bytes(path, ctx + gen // 2, kv_dtype)
-        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-            json.dump(ids, f)
-        try:
+        with compare.ids_on_disk(ids) as ids_path:
             runs = {engine: [] for engine in compare.ENGINES}
             for i in range(rounds):
                 order = compare.ENGINES if i % 2 == 0 else compare.ENGINES[::-1]
                 for engine in order:
                     runs[engine].append(
-                        compare._spawn(engine, path, threads, f.name, gen, kv_dtype)
+                        compare._spawn(engine, path, threads, ids_path, gen, kv_dtype)
                     )
-        finally:
-            os.unlink(f.name)
         ours, theirs = (compare.best_of(runs[e]) for e in compare.ENGINES)
         roofline = bandwidth / (weights + kv)
         rows.append(
