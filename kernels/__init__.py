@@ -21,9 +21,11 @@ if __name__ != "edgeinfer.kernels":
 
 from pathlib import Path  # noqa: E402
 
+from . import cache_load  # noqa: E402
 from .cache_stamp import refresh  # noqa: E402
 
 refresh(Path(__file__).parent)  # before any kernel is loaded from the disk cache
+cache_load.install()
 
 import numpy as np  # noqa: E402
 
