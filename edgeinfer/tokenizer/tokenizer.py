@@ -25,8 +25,8 @@ class Tokenizer:
             lambda p: isinstance(p, list) and len(p) == len(vocab.tokens),
         )  # fmt: skip
         self._pieces_special = list(self._pieces)
-        for i, attr in enumerate(vocab.attrs):
-            if attr & (UNKNOWN | CONTROL):
+        for i in vocab.special_ids:  # the control and unknown tokens are among them
+            if vocab.attrs[i] & (UNKNOWN | CONTROL):
                 self._pieces_special[i] = vocab.tokens[i].encode()
 
     @classmethod

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from edgeinfer.errors import GGUFError
 from edgeinfer.tokenizer.pretokenize import PreType, pre_type
 
@@ -24,8 +26,9 @@ BYTE = 1 << 5
 LSTRIP = 1 << 7
 RSTRIP = 1 << 8
 
-# GGUF tokenizer.ggml.token_type values -> attributes; anything else is "undefined" (0).
-_TYPE_TO_ATTR = {2: UNKNOWN, 5: UNUSED, 1: NORMAL, 3: CONTROL, 4: USER_DEFINED, 6: BYTE}
+# GGUF tokenizer.ggml.token_type value (the index) -> attributes; anything else (0 included) is
+# "undefined" (0).
+_TYPE_TO_ATTR = np.array([0, NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE])
 
 SPM, BPE = "spm", "bpe"
 _MODEL_TYPES = {"llama": SPM, "gpt2": BPE}
@@ -105,17 +108,19 @@ class Vocab:
         kind = _MODEL_TYPES.get(model)
         if kind is None:
             raise GGUFError(path, f"{_P}model: tokenizer {model!r} not supported (llama, gpt2 are)")
+        # Per-token work is done by builtins and numpy, not Python loops: a 262k-token
+        # vocabulary (Gemma 3's) is built at every start-up.
         tokens = list(_array(md, path, "tokens"))
         n = len(tokens)
-        for i, t in enumerate(tokens):
-            if not t:  # llama.cpp renames empty tokens so every text stays unique
-                tokens[i] = f"[EMPTY_{i}]"
-        token_to_id = {t: i for i, t in enumerate(tokens)}
+        if "" in tokens:  # llama.cpp renames empty tokens so every text stays unique
+            tokens = [t or f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+        token_to_id = dict(zip(tokens, range(n), strict=True))
         if len(token_to_id) != n:
             raise GGUFError(path, f"{_P}tokens: duplicate token texts")
         scores = _per_token(md, path, "scores", n, 0.0)
-        types = _per_token(md, path, "token_type", n, 1)
-        attrs = [_TYPE_TO_ATTR.get(int(t), 0) for t in types]
+        types = np.asarray(_per_token(md, path, "token_type", n, 1), dtype=np.int64)
+        known = (types >= 0) & (types < len(_TYPE_TO_ATTR))
+        attrs = np.where(known, _TYPE_TO_ATTR[np.where(known, types, 0)], 0).tolist()
         merges = list(_array(md, path, "merges")) if kind == BPE else []
 
         pre = pre_type(md.get(_P + "pre") or "") if kind == BPE else None
@@ -143,8 +148,8 @@ class Vocab:
                     ids[role] = min(found)
                     for i in found:
                         attrs[i] |= CONTROL
-        for i, a in enumerate(attrs):
-            if a & CONTROL and "unused" in self.tokens[i]:
+        for i in np.flatnonzero(np.asarray(attrs) & CONTROL).tolist():
+            if "unused" in self.tokens[i]:
                 attrs[i] |= UNUSED
         eog = {ids[r] for r in ("fim_pad", "fim_rep", "fim_sep") if ids[r] is not None}
         for text in _EOG_TEXTS & t2i.keys():
@@ -168,7 +173,7 @@ class Vocab:
             attrs[s] = NORMAL
         self.eog_ids = eog
 
-        special = [i for i, a in enumerate(attrs) if a & (CONTROL | USER_DEFINED | UNKNOWN)]
+        special = np.flatnonzero(np.asarray(attrs) & (CONTROL | USER_DEFINED | UNKNOWN)).tolist()
         special.sort(key=lambda i: -len(self.tokens[i].encode()))
         self.special_ids = special
         # Phi-3's special tokens eat the whitespace after them (llama.cpp keys this on the name).
@@ -184,7 +189,7 @@ class Vocab:
 
 def _array(md: dict[str, Any], path: Path, name: str) -> list[str]:
     value = md.get(_P + name)
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+    if not isinstance(value, list) or not set(map(type, value)) <= {str}:
         raise GGUFError(path, f"{_P}{name}: missing or not an array of strings")
     return value
 
