@@ -194,11 +194,16 @@ def _over_blocks(
         blk = table[b]
         # Blocks PREFETCH_BLOCKS ahead (from the first, all of those up to it): a block is a
         # short stream at an address of its own, which the hardware prefetcher only learns
-        # after several misses.
-        first_ahead = b + 1 if b == b_start else b + PREFETCH_BLOCKS
-        for ahead in range(first_ahead, min(b + PREFETCH_BLOCKS + 1, b_end)):
-            prefetch_heads(cache, table[ahead], h0, h1)
+        # after several misses. Each head's hints go with that head's work: a whole block's
+        # at once (256 lines at Llama-3.2-1B's shapes) queue behind each other, and decode
+        # attention read the KV cache 15-30 % slower.
+        if b == b_start:
+            for ahead in range(b + 1, min(b + PREFETCH_BLOCKS, b_end)):
+                prefetch_heads(cache, table[ahead], h0, h1)
+        ahead = b + PREFETCH_BLOCKS
         for h in range(h0, h1):
+            if ahead < b_end:
+                prefetch_heads(cache, table[ahead], h, h + 1)
             if not direct:
                 widen(cache, blk, h, buf)
                 codes_to_float(cache, flat, blk, h, buf_flat, values)
