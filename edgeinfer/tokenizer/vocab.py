@@ -120,7 +120,7 @@ class Vocab:
         scores = _per_token(md, path, "scores", n, 0.0)
         types = np.asarray(_per_token(md, path, "token_type", n, 1), dtype=np.int64)
         known = (types >= 0) & (types < len(_TYPE_TO_ATTR))
-        attrs = np.where(known, _TYPE_TO_ATTR[np.where(known, types, 0)], 0).tolist()
+        attrs = _TYPE_TO_ATTR[np.where(known, types, 0)].tolist()  # unknown types -> entry 0
         merges = list(_array(md, path, "merges")) if kind == BPE else []
 
         pre = pre_type(md.get(_P + "pre") or "") if kind == BPE else None
