@@ -36,6 +36,7 @@ import numpy as np
 from numba import njit, prange
 
 from .activations import exp_f32
+from .hadamard import hadamard_
 from .kv_store import (
     GROUP,
     codes_flat,
@@ -47,6 +48,7 @@ from .kv_store import (
     k_shape,
     prefetch_heads,
     put,
+    rotation,
     v_shape,
     widen,
 )
@@ -89,12 +91,16 @@ def _prepare_token(qkv, t, q_norm, k_norm, eps, pos, inv_freq, neox, q_scale, kc
     rope_cos_sin(pos, inv_freq, cos, sin)
     tmp = np.empty(dk, np.float32)
     codes = np.empty(GROUP, np.int32)
+    # a quantized cache's keys and values are stored rotated: queries turn with the keys
+    k_turn, v_turn = rotation(kc, dk, False), rotation(vc, dv, True)
     for h in range(nh):
         x = row[h * dk : (h + 1) * dk]
         if q_norm.shape[0] > 0:
             _norm_row(x, q_norm, eps, tmp)
             x[:] = tmp
         rope_rotate(x, cos, sin, neox)
+        if k_turn:
+            hadamard_(x, k_turn)
         for c in range(dk):
             q[t, h, c] = x[c] * q_scale
     blk = slot // bs
@@ -107,8 +113,13 @@ def _prepare_token(qkv, t, q_norm, k_norm, eps, pos, inv_freq, neox, q_scale, kc
             _norm_row(x, k_norm, eps, tmp)
             x[:] = tmp
         rope_rotate(x, cos, sin, neox)
+        if k_turn:
+            hadamard_(x, k_turn)
         put(x, kc, blk, h, off, False, codes)
-        put(row[v0 + h * dv : v0 + (h + 1) * dv], vc, blk, h, off, True, codes)
+        v = row[v0 + h * dv : v0 + (h + 1) * dv]
+        if v_turn:
+            hadamard_(v, v_turn)
+        put(v, vc, blk, h, off, True, codes)
 
 
 # Does a token that sees the chunk's keys lo <= j < hi see any of the block at keys j0..j0+bs-1?
@@ -386,8 +397,9 @@ def _attend(
 
 
 @njit(cache=True, fastmath=_FAST)
-def _merge(t, h, tiles, first_slot, n_chunks, m, l, acc, out):
-    # Combine the chunk states of (token t, KV head h) into out[t]'s heads of that group.
+def _merge(t, h, tiles, first_slot, n_chunks, m, l, acc, v_turn, out):
+    # Combine the chunk states of (token t, KV head h) into out[t]'s heads of that group; the
+    # values were stored rotated by v_turn (kv_store.rotation): turned back (H is its inverse).
     G, dv = m.shape[2], acc.shape[3]
     i = np.searchsorted(tiles[:, 0], t, side="right") - 1
     r = t - tiles[i, 0]
@@ -410,6 +422,8 @@ def _merge(t, h, tiles, first_slot, n_chunks, m, l, acc, out):
         inv = np.float32(1.0) / total
         for j in range(dv):
             o[j] *= inv
+        if v_turn:
+            hadamard_(o, v_turn)
 
 
 @njit(cache=True, fastmath=_FAST)
@@ -583,13 +597,16 @@ def _attend_tiles(q, out, seq_rows, positions, window, kc, vc, block_tables, bs,
             items[k], tiles, n_chunks, first_slot, q, positions, window, kc, vc, block_tables,
             seq_rows, m_kept, l_kept, acc_kept,
         )  # fmt: skip
+    v_turn = rotation(vc, dv, True)
     # Decode-sized loops run serially: a parallel region costs more than their work.
     if n * nkv < PARALLEL_MERGE_MIN:
         for th in range(n * nkv):
-            _merge(th // nkv, th % nkv, tiles, first_slot, n_chunks, m_kept, l_kept, acc_kept, out)
+            _merge(th // nkv, th % nkv, tiles, first_slot, n_chunks, m_kept, l_kept, acc_kept,
+                   v_turn, out)  # fmt: skip
     else:
         for th in prange(n * nkv):
-            _merge(th // nkv, th % nkv, tiles, first_slot, n_chunks, m_kept, l_kept, acc_kept, out)
+            _merge(th // nkv, th % nkv, tiles, first_slot, n_chunks, m_kept, l_kept, acc_kept,
+                   v_turn, out)  # fmt: skip
 
 
 def self_attention(

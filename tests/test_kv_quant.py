@@ -1,10 +1,10 @@
 """Quantized KV caches (--kv-dtype q8_0 / q4_0, llama.cpp's -ctk/-ctv): each token's K and V
-head vectors are stored as ggml's blocks (checked bit for bit against gguf's quantizer),
-attention reads back exactly those values (against float64 attention over gguf's dequantized
-blocks), a token's bits still do not depend on how its sequence was split, and a model's
-logits with a q8_0 cache are at least as close to exact math (the float64 reference) as
-llama.cpp's with its own q8_0 cache. The memory plan counts the bytes the cache allocates.
-"""
+head vectors are stored as ggml's blocks (checked bit for bit against gguf's quantizer) of the
+vector rotated by a Hadamard transform (as llama.cpp's), attention reads back exactly those
+values (against float64 attention over gguf's dequantized blocks, turned back), a token's bits
+still do not depend on how its sequence was split, and a model's logits with a q8_0 cache are
+at least as close to exact math (the float64 reference) as llama.cpp's with its own q8_0
+cache. The memory plan counts the bytes the cache allocates."""
 
 from __future__ import annotations
 
@@ -37,6 +37,31 @@ def ggml_blocks(x: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     quantizer (q8_0: 32 int8 codes a group; q4_0: 16 bytes of two 4-bit codes)."""
     raw = quantize(x[None], QTYPES[dtype]).reshape(x.size // 32, -1)
     return raw[:, :2].copy().view(np.uint16)[:, 0], raw[:, 2:]
+
+
+def hadamard(n: int) -> np.ndarray:
+    """Sylvester's H_n (entries +-1), float64: H_n / sqrt(n) is orthonormal, its own inverse."""
+    h = np.ones((1, 1))
+    while len(h) < n:
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
+def sums(x: np.ndarray, n: int) -> np.ndarray:
+    """x: [..., dim] -> each run of n values along the last axis times H_n, in float64."""
+    runs = np.asarray(x, np.float64).reshape(*x.shape[:-1], -1, n)
+    return (runs @ hadamard(n)).reshape(x.shape)
+
+
+def turn(x: np.ndarray, n: int) -> np.ndarray:
+    """x rotated by the orthonormal H_n / sqrt(n) on runs of n, in float64."""
+    return sums(x, n) / np.sqrt(n)
+
+
+def runs(dk: int, dv: int) -> tuple[int, int]:
+    """A quantized cache's Hadamard runs: keys within each group of 32, values over 64 where
+    dv is a multiple of 64 (else 32)."""
+    return 32, 64 if dv % 64 == 0 else 32
 
 
 def round_trip(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -88,19 +113,48 @@ def head_rows(rng, n, nh, nkv, dk, dv):
     return qkv
 
 
+def dyadic_rows(rng, n, width):
+    """Rows of multiples of 1/256 below 8 in magnitude, groups of very different sizes, one
+    group all zeros and one (-1 at its second place) that a run of 32 rotates to a tie for the
+    largest magnitude, -m first (q4_0 takes the first). The butterflies' sums of at most 64
+    such values are exact in float32, so the rotated vector is those sums times
+    float32(1/sqrt(n)), one rounding, and has one right answer to quantize."""
+    x = rng.integers(-63, 64, (n, width)) / 8
+    x *= np.repeat(2.0 ** -rng.integers(0, 6, (n, width // 32)), 32, axis=1)
+    x[0, :32] = 0
+    x[1, 32:64] = 0
+    x[1, 33] = -1
+    return x.astype(np.float32)
+
+
+def stored(x: np.ndarray, n: int) -> np.ndarray:
+    """dyadic_rows' x as the cache rotates it before it quantizes (see dyadic_rows)."""
+    return sums(x, n).astype(np.float32) * np.float32(1 / np.sqrt(n))
+
+
 @pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
-def test_written_groups_are_ggml_blocks_bit_for_bit(dtype):
-    nh, nkv, dk, dv = 4, 2, 64, 96
+@pytest.mark.parametrize("dk, dv", [(96, 32), (256, 64)])
+def test_written_groups_are_ggml_blocks_bit_for_bit(dtype, dk, dv):
+    # keys turned within their groups of 32; values too (32) or over runs of 64
+    nh, nkv = 4, 2
+    k_run, v_run = runs(dk, dv)
     rng = np.random.default_rng(1)
     cache = Cache([21, 5], nkv, dk, dv, dtype)
-    qkv = head_rows(rng, 26, nh, nkv, dk, dv)
+    qkv = np.concatenate(
+        [
+            dyadic_rows(rng, 26, nh * dk),
+            dyadic_rows(rng, 26, nkv * dk),
+            dyadic_rows(rng, 26, nkv * dv),
+        ],
+        axis=1,
+    )
     _, slots = cache.attend(qkv, [(0, 0, 21), (1, 0, 5)], nh)
     (kq, ks), (vq, vs) = cache.kv.k[0], cache.kv.v[0]
     for t, slot in enumerate(slots):
         blk, off = divmod(int(slot), BLOCK_SIZE)
         for h in range(nkv):
-            k = qkv[t, (nh + h) * dk : (nh + h + 1) * dk]
-            v = qkv[t, (nh + nkv) * dk + h * dv :][:dv]
+            k = stored(qkv[t, (nh + h) * dk : (nh + h + 1) * dk], k_run)
+            v = stored(qkv[t, (nh + nkv) * dk + h * dv :][:dv], v_run)
             d, codes = ggml_blocks(k, dtype)
             np.testing.assert_array_equal(ks[blk, h, :, off], d)
             np.testing.assert_array_equal(kq[blk, h, :, off].view(np.uint8), codes.ravel())
@@ -109,26 +163,34 @@ def test_written_groups_are_ggml_blocks_bit_for_bit(dtype):
             np.testing.assert_array_equal(vq[blk, h, off].view(np.uint8), codes.ravel())
 
 
+def held(x: np.ndarray, run: int, dtype: str) -> np.ndarray:
+    """Head vectors x: [rows, dim] as a quantized cache holds them, in float64: rotated over
+    runs of `run`, gguf's quantize then dequantize, turned back."""
+    return turn(round_trip(turn(x, run).astype(np.float32), dtype), run)
+
+
 def ref_attention(qkv, nh, nkv, dk, dv, dtype, window):
     """One sequence's whole history, RoPE at angle 0 (keys stored as given), over the values
-    that gguf's quantize then dequantize give: qkv [L, width] -> [L, nh * dv]."""
+    that the quantized cache holds (held): qkv [L, width] -> [L, nh * dv]."""
     L, k0, v0 = qkv.shape[0], nh * dk, (nh + nkv) * dk
-    held = qkv.astype(np.float64)
-    held[:, k0:v0] = round_trip(qkv[:, k0:v0].reshape(L * nkv, dk), dtype).reshape(L, -1)
-    held[:, v0:] = round_trip(
-        np.ascontiguousarray(qkv[:, v0:]).reshape(L * nkv, dv), dtype
+    k_run, v_run = runs(dk, dv)
+    held_qkv = qkv.astype(np.float64)
+    held_qkv[:, k0:v0] = held(qkv[:, k0:v0].reshape(L * nkv, dk), k_run, dtype).reshape(L, -1)
+    held_qkv[:, v0:] = held(
+        np.ascontiguousarray(qkv[:, v0:]).reshape(L * nkv, dv), v_run, dtype
     ).reshape(L, -1)
     no_norm = np.zeros(0)
-    return dense_attention(held, nh, nkv, dk, dv, no_norm, no_norm, np.zeros(dk // 2), True,
+    return dense_attention(held_qkv, nh, nkv, dk, dv, no_norm, no_norm, np.zeros(dk // 2), True,
                            dk**-0.5, window, False)  # fmt: skip
 
 
 @pytest.mark.parametrize("dtype", ["q8_0", "q4_0"])
-@pytest.mark.parametrize("window", [0, 24])
-def test_attention_reads_back_the_quantized_values(dtype, window):
+@pytest.mark.parametrize("window, dk, dv", [(0, 128, 64), (24, 64, 32)])
+def test_attention_reads_back_the_quantized_values(dtype, window, dk, dv):
     # Prefill of eleven sequences (one longer than a key chunk), then a step of ten decoding
     # tokens (an item takes every KV head) beside a prefill chunk that continues its sequence.
-    nh, nkv, dk, dv = 8, 2, 64, 32
+    # Values rotated over runs of 64, then of 32.
+    nh, nkv = 8, 2
     rng = np.random.default_rng(window)
     lengths = [int(n) for n in rng.integers(2, 50, 10)] + [SPLIT_BLOCKS * BLOCK_SIZE + 70]
     split = [n - 1 for n in lengths[:-1]] + [lengths[-1] - 30]
@@ -151,8 +213,9 @@ def test_attention_reads_back_the_quantized_values(dtype, window):
 @pytest.mark.parametrize("window", [0, 45])
 def test_a_tokens_bits_do_not_depend_on_how_its_sequence_was_split(window):
     # What batch-invariant mode relies on, with a q8_0 cache: one prefill, token by token, or
-    # chunks (other tiles, one key chunk or two) give the same bits, with RoPE on.
-    nh, nkv, dk, n = 4, 2, 32, SPLIT_BLOCKS * BLOCK_SIZE + 40
+    # chunks (other tiles, one key chunk or two) give the same bits, with RoPE and the
+    # cache's Hadamard rotation on.
+    nh, nkv, dk, n = 4, 2, 64, SPLIT_BLOCKS * BLOCK_SIZE + 40
     qkv = np.random.default_rng(window).standard_normal((n, (nh + 2 * nkv) * dk), np.float32)
     inv_freq = 10000.0 ** (-np.arange(0, dk, 2) / dk)
 
