@@ -3,7 +3,7 @@
 H_n (Sylvester's order: H_1 = [1], H_2n = [[H_n, H_n], [H_n, -H_n]]) divided by sqrt(n) is
 orthonormal and symmetric, so it is its own inverse and keeps dot products: (H q) . (H k) =
 q . k. A quantized KV cache stores its head vectors rotated by it (kv_store.rotation), which
-spreads a head's outlying values over its groups (llama.cpp's attn_rot does the same).
+spreads outlying values over each run before they are rounded (as llama.cpp's attn_rot does).
 """
 
 import numpy as np

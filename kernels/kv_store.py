@@ -9,7 +9,8 @@ int8 codes are q8_0 (value = code * scale); uint8 ones hold two q4_0 codes a byt
 (code - 8) * scale; group values i and i + GROUP/2 in the low and high nibble of its byte i, as in
 ggml). A token's groups depend on its own values alone, so a new token is quantized once, whole,
 as it is written, and nothing already written changes. A quantized cache holds each head vector
-rotated by an orthonormal Hadamard transform (`rotation`), as llama.cpp's quantized caches do.
+rotated by an orthonormal Hadamard transform, as llama.cpp's quantized caches do, on runs of
+its own (`rotation`).
 
 Each function takes a K or a V cache of any of these kinds (typed per kind below); a runtime
 `values` flag says which of K (keys as columns) and V (values as rows) it is where that matters.
