@@ -21,6 +21,7 @@ from edgeinfer.engine.requests import Messages, Prompt, PromptError, check_token
 from edgeinfer.engine.sampling import SamplingParams
 from edgeinfer.engine.sequence import Sequence
 from edgeinfer.errors import EdgeInferError
+from edgeinfer.gc_pause import start_up
 
 __all__ = ["LLM", "Completion", "Metrics", "PromptError", "Stream"]
 
@@ -89,7 +90,8 @@ class LLM:
             config = EngineConfig(**knobs)
         elif knobs:
             raise EdgeInferError("pass either an EngineConfig or its keyword arguments")
-        self.engine = Engine(ModelRunner(model, config), config)
+        with start_up("load a model"):
+            self.engine = Engine(ModelRunner(model, config), config)
         self._runner = self.engine.runner
         self.requests = self.engine.requests
         self.config = self._runner.config

@@ -21,33 +21,39 @@ if __name__ != "edgeinfer.kernels":
 
 from pathlib import Path  # noqa: E402
 
-from . import cache_load  # noqa: E402
-from .cache_stamp import refresh  # noqa: E402
+from edgeinfer.gc_pause import start_up  # noqa: E402
 
-refresh(Path(__file__).parent)  # before any kernel is loaded from the disk cache
-cache_load.install()
+from .numba_import import import_numba  # noqa: E402
 
-import numpy as np  # noqa: E402
+with start_up("import kernels"):
+    import_numba()
+    from . import cache_load
+    from .cache_stamp import refresh
 
-from . import threads  # noqa: E402
-from .matmul import (  # noqa: E402
-    bind_row_wise,
-    bind_small,
-    bind_stacked,
-    embedding,
-    matmul,
-    takes_int8_rows,
-)
-from .registry import (  # noqa: E402
-    QuantType,
-    UnsupportedTypeError,
-    as_qtype,
-    get_unit,
-    register,
-    supported_types,
-)
-from .threads import get_threads, set_threads  # noqa: E402
-from .weight import QuantWeight, raw_rows, stack  # noqa: E402
+    refresh(Path(__file__).parent)  # before any kernel is loaded from the disk cache
+    cache_load.install()
+
+    import numpy as np
+
+    from . import threads
+    from .matmul import (
+        bind_row_wise,
+        bind_small,
+        bind_stacked,
+        embedding,
+        matmul,
+        takes_int8_rows,
+    )
+    from .registry import (
+        QuantType,
+        UnsupportedTypeError,
+        as_qtype,
+        get_unit,
+        register,
+        supported_types,
+    )
+    from .threads import get_threads, set_threads
+    from .weight import QuantWeight, raw_rows, stack
 
 
 def dequantize(data: np.ndarray, qtype, shape) -> np.ndarray:

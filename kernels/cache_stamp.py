@@ -14,10 +14,15 @@ the files' sizes and timestamps are recorded too: while they stay the same, noth
 Only the in-tree cache (`__pycache__` next to the sources, Numba's default) is checked: where it
 is not writable Numba caches elsewhere, and an install that cannot be written to is replaced
 whole, every file newer than its cache.
+
+Beside the kernels, the cache keeps answers that take LLVM a while to give (`remembered`): they
+are dropped with the kernels, when the code changes.
 """
 
 import ast
 import hashlib
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 STAMP = "kernel-sources.sha256"
@@ -87,10 +92,30 @@ def refresh(package_dir: Path) -> bool:
     dropped = recorded[:1] != [digest]
     try:
         if dropped:
-            for entry in (*cache.glob("*.nbi"), *cache.glob("*.nbc")):
+            for entry in (*cache.glob("*.nbi"), *cache.glob("*.nbc"), *cache.glob("*.answer")):
                 entry.unlink(missing_ok=True)
         cache.mkdir(exist_ok=True)
         stamp.write_text(f"{digest}\n{files}\n")
     except OSError:
         return False  # not writable: Numba keeps its cache elsewhere
     return dropped
+
+
+def remembered(package_dir: Path, name: str, key: str, ask: Callable[[], bool]) -> bool:
+    """ask(), kept in package_dir's cache as `name` while key (what the answer depends on
+    besides the code: the compile target, LLVM's version) stays the same."""
+    path = package_dir / "__pycache__" / f"{name}.answer"
+    try:
+        recorded_key, answer = path.read_text().rsplit("\n", 1)
+        if recorded_key == key and answer in ("0", "1"):
+            return answer == "1"
+    except (OSError, ValueError):
+        pass
+    result = ask()
+    partial = path.with_name(f"{path.name}.{os.getpid()}")
+    try:  # by rename: a process reading it at the same time sees the old answer or the new
+        partial.write_text(f"{key}\n{int(result)}")
+        os.replace(partial, path)
+    except OSError:
+        partial.unlink(missing_ok=True)  # not writable: asked again next time
+    return result

@@ -20,7 +20,10 @@ neither on the other rows, nor on n, nor on the threads (the row-wise contract).
 """
 
 import re
+from functools import partial
+from pathlib import Path
 
+import llvmlite
 import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
@@ -29,6 +32,7 @@ from numba.extending import intrinsic
 
 from .act_quant import _quantize_block
 from .block_matmul import LINE, PartsKernel, row_offset
+from .cache_stamp import remembered
 from .simd import (
     _F32,
     _I16,
@@ -48,10 +52,9 @@ from .simd import (
 )
 
 
-def _wide_int16_madd() -> bool:
-    # Whether the compile target (Numba's: NUMBA_CPU_NAME / NUMBA_CPU_FEATURES, else the host)
-    # lowers 16 int16 pair sums to one multiply-add on 256-bit vectors or wider: x86's vpmaddwd
-    # on ymm (AVX2) or zmm (AVX-512). Asked of LLVM itself, for a CPU named without features too.
+def _emits_wide_int16_madd(cpu: str, features: str) -> bool:
+    # Whether LLVM lowers 16 int16 pair sums for this target to one multiply-add on 256-bit
+    # vectors or wider: x86's vpmaddwd on ymm (AVX2) or zmm (AVX-512).
     mod = ir.Module("int16_madd_probe")
     v16 = _vec(_I16, 16).as_pointer()
     fn = ir.Function(
@@ -61,16 +64,23 @@ def _wide_int16_madd() -> bool:
     builder = ir.IRBuilder(fn.append_basic_block())
     builder.store(_pair_sums(builder, builder.load(w), builder.load(x)), out)
     builder.ret_void()
+    target = llvm.Target.from_triple(llvm.get_process_triple())
+    machine = target.create_target_machine(cpu=cpu, features=features, opt=2)
+    asm = machine.emit_assembly(llvm.parse_assembly(str(mod)))
+    return re.search(r"vpmaddwd\s[^\n]*%[yz]mm", asm) is not None
+
+
+def _wide_int16_madd() -> bool:
+    # _emits_wide_int16_madd for the compile target (Numba's: NUMBA_CPU_NAME /
+    # NUMBA_CPU_FEATURES, else the host), a CPU named without features too. Emitting the
+    # assembly takes 7-15 ms of every start, so the answer is kept beside the kernels.
+    cpu = config.CPU_NAME or llvm.get_host_cpu_name()
     features = config.CPU_FEATURES
     if features is None:
         features = ",".join(sorted(target_features()))
-    target = llvm.Target.from_triple(llvm.get_process_triple())
-    machine = target.create_target_machine(
-        cpu=config.CPU_NAME or llvm.get_host_cpu_name(), features=features, opt=2
-    )
-    parsed = llvm.parse_assembly(str(mod))
-    asm = machine.emit_assembly(parsed)
-    return re.search(r"vpmaddwd\s[^\n]*%[yz]mm", asm) is not None
+    key = f"llvmlite {llvmlite.__version__} {llvm.get_process_triple()} {cpu} {features}"
+    ask = partial(_emits_wide_int16_madd, cpu, features)
+    return remembered(Path(__file__).parent, "int16-madd", key, ask)
 
 
 # Whether prompt rows take the GEMM: where the target multiplies 16-bit integers in 256-bit

@@ -1,5 +1,6 @@
 """A kernel loaded from Numba's disk cache runs without Numba's full target refresh (the largest
-piece of a warm start-up), and a function compiled after it still gets everything a compile needs.
+piece of a warm start-up), and a function compiled after it still gets everything a compile needs,
+a cached kernel to link in included.
 Each check is a fresh interpreter: the refresh happens once per process."""
 
 import subprocess
@@ -26,6 +27,14 @@ def largest_sum(a):  # a typed dict and a sort: typing and lowering from the ref
     return d[1]
 
 print("compiled:", largest_sum(np.array([3.0, 1.0, 4.0])))
+
+from edgeinfer.kernels.activations import exp_f32
+
+@njit
+def twice_exp(x):  # links the cached exp_f32, whose bitcode a cached load left unparsed
+    return exp_f32(x) * np.float32(2.0)
+
+print("linked:", round(float(twice_exp(np.float32(0.0))), 5))
 """
 
 
@@ -40,4 +49,4 @@ def _run() -> list[str]:
 def test_cached_kernels_load_without_the_target_refresh_and_compiles_still_get_it():
     _run()  # compiles the kernel where the disk cache lacks it (that compile refreshes)
     lines = _run()
-    assert lines == ["after load: []", "compiled: 7.0"]
+    assert lines == ["after load: []", "compiled: 7.0", "linked: 2.0"]

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from edgeinfer.kernels import cache_stamp
-from edgeinfer.kernels.cache_stamp import STAMP, refresh
+from edgeinfer.kernels.cache_stamp import STAMP, refresh, remembered
 
 
 def cached_files(cache):
@@ -79,3 +79,39 @@ def test_a_cache_it_cannot_write_is_left_alone(tmp_path):
     (tmp_path / "unit.py").write_text("x = 1\n")
     (tmp_path / "__pycache__").write_text("not a directory")  # cannot hold a stamp
     assert not refresh(tmp_path)
+
+
+def test_an_answer_is_kept_while_its_key_and_the_code_stay_the_same(tmp_path):
+    (tmp_path / "unit.py").write_text("def helper(): return 1\n")
+    refresh(tmp_path)
+    asked = []
+
+    def ask(answer):
+        def asking():
+            asked.append(answer)
+            return answer
+
+        return asking
+
+    assert remembered(tmp_path, "probe", "cpu a", ask(True)) is True
+    assert remembered(tmp_path, "probe", "cpu a", ask(False)) is True  # kept: not asked
+    assert asked == [True]
+    assert remembered(tmp_path, "probe", "cpu b", ask(False)) is False  # another target
+    assert remembered(tmp_path, "probe", "cpu b", ask(True)) is False
+    assert asked == [True, False]
+
+    (tmp_path / "unit.py").write_text("def helper(): return 2\n")
+    assert refresh(tmp_path)  # the code changed: the answer goes with the kernels
+    assert remembered(tmp_path, "probe", "cpu b", ask(True)) is True
+    assert asked == [True, False, True]
+
+    (tmp_path / "__pycache__" / "probe.answer").write_text("cpu b\nmaybe")  # damaged
+    assert remembered(tmp_path, "probe", "cpu b", ask(False)) is False
+    assert asked == [True, False, True, False]
+
+
+def test_an_answer_without_a_writable_cache_is_asked_each_time(tmp_path):
+    asked = []
+    for _ in range(2):  # no __pycache__ to keep it in
+        assert remembered(tmp_path, "probe", "cpu a", lambda: asked.append(1) or True)
+    assert asked == [1, 1] and list(tmp_path.iterdir()) == []
