@@ -7,8 +7,8 @@ collector is off; at the end everything alive is frozen (gc.freeze: never walked
 freed by reference counts, as an LLM and its KV arrays are).
 
 Only each step's first run freezes, and only when it completes: cyclic garbage alive at that
-moment stays for good, a few hundred KB once per process (the kernels' probe IR, not loads
-that come later). A collector someone else turned off is left off.
+moment stays for good, a few hundred KB once per process (llvmlite IR where the kernels' CPU
+probe ran), not again on later loads. A collector someone else turned off is left off.
 """
 
 import gc
