@@ -150,28 +150,28 @@ def _sum_lanes(lanes):
 
 
 # simd.fma_tile over the first `count` (8, or 1 to 4: see _group_rows) of the rows whose offsets
-# are given, `cols` (1 or 2) column tiles wide
+# are given, `cols` (1 or 2) column tiles wide, the second b_next after the first in b
 @njit(cache=True, inline="always")
-def _tile(count, cols, add, c, c_rows, a, a_rows, b, b_at, b_step, depth):
+def _tile(count, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth):
     if cols == 2:
-        _tile_rows(count, 2, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+        _tile_rows(count, 2, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth)
     else:
-        _tile_rows(count, 1, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+        _tile_rows(count, 1, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth)
 
 
 # (fma_tile takes its rows and columns as literals)
 @njit(cache=True, inline="always")
-def _tile_rows(count, cols, add, c, c_rows, a, a_rows, b, b_at, b_step, depth):
+def _tile_rows(count, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth):
     if count == 8:
-        fma_tile(8, cols, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+        fma_tile(8, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth)
     elif count == 4:
-        fma_tile(4, cols, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+        fma_tile(4, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth)
     elif count == 3:
-        fma_tile(3, cols, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+        fma_tile(3, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth)
     elif count == 2:
-        fma_tile(2, cols, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+        fma_tile(2, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth)
     else:
-        fma_tile(1, cols, add, c, c_rows, a, a_rows, b, b_at, b_step, depth)
+        fma_tile(1, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth)
 
 
 # One pass over the chunk's blocks of `cache` (K, or V where values), for KV heads h0..h1-1:
@@ -200,7 +200,14 @@ def _over_blocks(
     pw = pg if n_groups else p
     depth = GROUP if n_groups else dk  # of a score tile: a scale group, or the head
     step = cols if direct else buf.shape[1]  # b's row stride for fma_tile
-    for b in range(b_start, b_end):
+    # Keys read in place from a block of 16 are one column tile: a decoding token's 4 query rows
+    # (a GQA group) would be 4 chains of fused multiply-adds, half of what keeps a core busy
+    # (see simd.TILE_ROWS). Where the registers hold two column tiles, the keys of two blocks
+    # share one tile instead; each lane's chain is unchanged, so the bits are the same.
+    pair = not values and direct and COL_TILES == 2 and width == TILE_COLS
+    b = b_start
+    while b < b_end:
+        blocks = 2 if pair and b + 1 < b_end else 1
         j0 = (b - b_start) * bs
         blk = table[b]
         # Blocks PREFETCH_BLOCKS ahead (from the first, all of those up to it): a block is a
@@ -211,37 +218,39 @@ def _over_blocks(
         if b == b_start:
             for ahead in range(b + 1, min(b + PREFETCH_BLOCKS, b_end)):
                 prefetch_heads(cache, table[ahead], h0, h1)
-        ahead = b + PREFETCH_BLOCKS
         for h in range(h0, h1):
-            if ahead < b_end:
+            for ahead in range(b + PREFETCH_BLOCKS, min(b + PREFETCH_BLOCKS + blocks, b_end)):
                 prefetch_heads(cache, table[ahead], h, h + 1)
             if not direct:
                 widen(cache, blk, h, buf)
                 codes_to_float(cache, flat, blk, h, buf_flat, values)
             at = (blk * nkv + h) * block  # cache[blk, h, 0, 0]
+            # fma_tile's b_next: the second block's keys, from the first's, or the next columns
+            b_next = (table[b + 1] - blk) * nkv * block if blocks == 2 else TILE_COLS
             head_row = (h - h0) * head_rows
             r0 = 0
             while r0 < head_rows:
                 count = _group_rows(head_rows - r0)
                 r0 += count
-                if not _rows_see(lo, hi, r0 - count, count, G, j0, bs):
+                if not _rows_see(lo, hi, r0 - count, count, G, j0, blocks * bs):
                     continue
                 g0 = head_row + r0 - count
                 q_rows = _queries(q_at, g0)
                 c = 0
                 while c < width:
                     # column tiles side by side (a quantized cache's value groups hold both)
-                    span = COL_TILES if width - c >= COL_TILES * TILE_COLS else 1
+                    span = COL_TILES if width - c >= COL_TILES * TILE_COLS else blocks
                     b_at = at + c if direct else c
                     if values:
                         o_rows, w_rows = _eight(g0, width, c), _eight(g0, n_keys, j0)
                         if n_groups:
                             w_rows = _shift(w_rows, (c // GROUP) * rows_all * n_keys)
                         if direct:
-                            _tile(count, span, True, out, o_rows, pw, w_rows, source, b_at, step,
-                                  bs)  # fmt: skip
+                            _tile(count, span, True, out, o_rows, pw, w_rows, source, b_at,
+                                  b_next, step, bs)  # fmt: skip
                         else:
-                            _tile(count, span, True, out, o_rows, pw, w_rows, buf, b_at, step, bs)
+                            _tile(count, span, True, out, o_rows, pw, w_rows, buf, b_at, b_next,
+                                  step, bs)  # fmt: skip
                     else:
                         s_rows = _eight(g0, n_keys, j0 + c)
                         for g in range(max(n_groups, 1)):
@@ -250,11 +259,12 @@ def _over_blocks(
                             g_at = b_at + g * GROUP * step
                             if direct:
                                 _tile(count, span, False, pw, g_rows, q, gq_rows, source, g_at,
-                                      step, depth)  # fmt: skip
+                                      b_next, step, depth)  # fmt: skip
                             else:
-                                _tile(count, span, False, pw, g_rows, q, gq_rows, buf, g_at, step,
-                                      depth)  # fmt: skip
+                                _tile(count, span, False, pw, g_rows, q, gq_rows, buf, g_at,
+                                      b_next, step, depth)  # fmt: skip
                     c += span * TILE_COLS
+        b += blocks
 
 
 # -> the offsets of rows r0 .. r0 + 7 of a flat [rows, stride] array, plus at
@@ -373,7 +383,7 @@ def _attend(
         # exact products), then the lanes in a fixed order: how many blocks the chunk has
         # depends on the tile, and a token's sum must not (they only add zeros to its lanes; a
         # vectorized loop's order would depend on its length).
-        fma_tile(1, 1, False, lanes, _ZEROS, ones, _ZEROS, p, r * n_keys, TILE_COLS,
+        fma_tile(1, 1, False, lanes, _ZEROS, ones, _ZEROS, p, r * n_keys, TILE_COLS, TILE_COLS,
                  n_keys // TILE_COLS)  # fmt: skip
         total = _sum_lanes(lanes)
         m_kept[at, i, g] = mx

@@ -696,12 +696,14 @@ _TILE_B = {types.float32: _F32, types.uint16: _I16, types.int8: _I8}
 
 
 @intrinsic
-def fma_tile(typingctx, rows, cols, add, c, c_rows, a, a_rows, b, b_at, b_step, depth):
+def fma_tile(typingctx, rows, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth):
     """For r < rows (a literal, 1 to 8), with c_r, a_r the r-th of the offsets c_rows, a_rows
-    (8-tuples: the ones past `rows` are not read), and w = 16 * cols (a literal, 1 or 2):
-    c[c_r : c_r + w] (+)= sum over k < depth of a[a_r + k] times b[b_at + k * b_step : ... + w],
-    one fused multiply-add per k, in order of k, starting from c's values where add (a literal
-    bool) is true, from 0 otherwise.
+    (8-tuples: the ones past `rows` are not read), and column tiles j < cols (a literal, 1 or 2)
+    of 16 columns each:
+    c[c_r + 16 j : ... + 16] (+)= sum over k < depth of a[a_r + k] times
+    b[b_at + j * b_next + k * b_step : ... + 16], one fused multiply-add per k, in order of k,
+    starting from c's values where add (a literal bool) is true, from 0 otherwise. b_next is 16
+    where b's column tiles are adjacent; two blocks of keys far apart in a cache take one tile.
 
     A rows x w register tile (a vector accumulator per row and 16 columns, no horizontal sums):
     each output lane is its own chain, so its bits depend neither on the other rows and columns
@@ -716,7 +718,7 @@ def fma_tile(typingctx, rows, cols, add, c, c_rows, a, a_rows, b, b_at, b_step, 
     n_rows, n_cols = rows.literal_value, cols.literal_value
 
     def codegen(context, builder, sig, args):
-        _, _, _, c, c_rows, a, a_rows, b, b_at, b_step, depth = args
+        _, _, _, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth = args
         c_offs = [builder.extract_value(c_rows, r) for r in range(n_rows)]
         a_offs = [builder.extract_value(a_rows, r) for r in range(n_rows)]
         vec = _vec(_F32, TILE_COLS)
@@ -725,14 +727,15 @@ def fma_tile(typingctx, rows, cols, add, c, c_rows, a, a_rows, b, b_at, b_step, 
         a_data = context.make_array(sig.args[5])(context, builder, a).data
         b_data = context.make_array(sig.args[7])(context, builder, b).data
         elem = _TILE_B[sig.args[7].dtype]
-        col_at = [ir.Constant(b_at.type, j * TILE_COLS) for j in range(n_cols)]
-        c_ptrs = [builder.gep(c_data, [builder.add(c_r, j)]) for c_r in c_offs for j in col_at]
+        b_cols = [ir.Constant(b_at.type, 0), b_next][:n_cols]
+        c_cols = [ir.Constant(b_at.type, j * TILE_COLS) for j in range(n_cols)]
+        c_ptrs = [builder.gep(c_data, [builder.add(c_r, j)]) for c_r in c_offs for j in c_cols]
         zero = ir.Constant(vec, [0.0] * TILE_COLS)
         start = [_load(builder, p, vec) if add.literal_value else zero for p in c_ptrs]
         k, accs, close = counted_loop(builder, "tile", ir.Constant(depth.type, 0), depth, start)
         b_row = builder.add(b_at, builder.mul(k, b_step))
         lanes = [
-            _f32_lanes(builder, builder.gep(b_data, [builder.add(b_row, j)]), elem) for j in col_at
+            _f32_lanes(builder, builder.gep(b_data, [builder.add(b_row, j)]), elem) for j in b_cols
         ]
         new = []
         for r, a_r in enumerate(a_offs):
@@ -745,4 +748,4 @@ def fma_tile(typingctx, rows, cols, add, c, c_rows, a, a_rows, b, b_at, b_step, 
         return context.get_dummy_value()
 
     i, offsets = types.intp, types.UniTuple(types.intp, MAX_TILE_ROWS)
-    return types.void(rows, cols, add, c, offsets, a, offsets, b, i, i, i), codegen
+    return types.void(rows, cols, add, c, offsets, a, offsets, b, i, i, i, i), codegen
