@@ -36,6 +36,7 @@ import numpy as np
 from numba import njit, prange
 
 from .activations import exp_f32
+from .block_matmul import LINE
 from .hadamard import hadamard_
 from .kv_store import (
     GROUP,
@@ -152,26 +153,26 @@ def _sum_lanes(lanes):
 # simd.fma_tile over the first `count` (8, or 1 to 4: see _group_rows) of the rows whose offsets
 # are given, `cols` (1 or 2) column tiles wide, the second b_next after the first in b
 @njit(cache=True, inline="always")
-def _tile(count, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth):
+def _tile(count, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth, hints):
     if cols == 2:
-        _tile_rows(count, 2, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth)
+        _tile_rows(count, 2, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth, hints)
     else:
-        _tile_rows(count, 1, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth)
+        _tile_rows(count, 1, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth, hints)
 
 
 # (fma_tile takes its rows and columns as literals)
 @njit(cache=True, inline="always")
-def _tile_rows(count, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth):
+def _tile_rows(count, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth, hints):
     if count == 8:
-        fma_tile(8, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth)
+        fma_tile(8, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth, hints)
     elif count == 4:
-        fma_tile(4, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth)
+        fma_tile(4, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth, hints)
     elif count == 3:
-        fma_tile(3, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth)
+        fma_tile(3, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth, hints)
     elif count == 2:
-        fma_tile(2, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth)
+        fma_tile(2, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth, hints)
     else:
-        fma_tile(1, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth)
+        fma_tile(1, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth, hints)
 
 
 # One pass over the chunk's blocks of `cache` (K, or V where values), for KV heads h0..h1-1:
@@ -205,6 +206,10 @@ def _over_blocks(
     # (see simd.TILE_ROWS). Where the registers hold two column tiles, the keys of two blocks
     # share one tile instead; each lane's chain is unchanged, so the bits are the same.
     pair = not values and direct and COL_TILES == 2 and width == TILE_COLS
+    # A head of a float16 block is as many lines as a keys tile has steps (two blocks of 16 keys
+    # and head dim d: d lines, d steps), or a values tile (16 steps a pair of column tiles).
+    spread = direct and n_groups == 0 and source.itemsize == 2
+    head_lines = block * source.itemsize // LINE
     b = b_start
     while b < b_end:
         blocks = 2 if pair and b + 1 < b_end else 1
@@ -214,13 +219,21 @@ def _over_blocks(
         # short stream at an address of its own, which the hardware prefetcher only learns
         # after several misses. Each head's hints go with that head's work: a whole block's
         # at once (256 lines at Llama-3.2-1B's shapes) queue behind each other, and decode
-        # attention read the KV cache 15-30 % slower.
+        # attention read the KV cache 15-30 % slower. A float16 cache read in place (`spread`)
+        # spreads them further, a line a step of the tiles' loops (fma_tile's hints): a head's
+        # 32 lines at once held the L1's miss buffers that the tiles' own loads needed, and
+        # decode attention read the cache 25-35 % slower (Intel Xeon).
         if b == b_start:
             for ahead in range(b + 1, min(b + PREFETCH_BLOCKS, b_end)):
                 prefetch_heads(cache, table[ahead], h0, h1)
+        far = min(b + PREFETCH_BLOCKS, b_end - 1)  # what a spread step hints (the pair's first)
+        farther = min(far + 1, b_end - 1)
         for h in range(h0, h1):
-            for ahead in range(b + PREFETCH_BLOCKS, min(b + PREFETCH_BLOCKS + blocks, b_end)):
-                prefetch_heads(cache, table[ahead], h, h + 1)
+            if not spread:
+                for ahead in range(b + PREFETCH_BLOCKS, min(b + PREFETCH_BLOCKS + blocks, b_end)):
+                    prefetch_heads(cache, table[ahead], h, h + 1)
+            far_at = (table[far] * nkv + h) * block  # head h of those blocks
+            far_next = (table[farther] * nkv + h) * block if blocks == 2 else far_at
             if not direct:
                 widen(cache, blk, h, buf)
                 codes_to_float(cache, flat, blk, h, buf_flat, values)
@@ -246,11 +259,12 @@ def _over_blocks(
                         if n_groups:
                             w_rows = _shift(w_rows, (c // GROUP) * rows_all * n_keys)
                         if direct:
+                            hints = (source, far_at + c * bs, far_at + c * bs, bs)
                             _tile(count, span, True, out, o_rows, pw, w_rows, source, b_at,
-                                  b_next, step, bs)  # fmt: skip
+                                  b_next, step, bs, hints)  # fmt: skip
                         else:
                             _tile(count, span, True, out, o_rows, pw, w_rows, buf, b_at, b_next,
-                                  step, bs)  # fmt: skip
+                                  step, bs, None)  # fmt: skip
                     else:
                         s_rows = _eight(g0, n_keys, j0 + c)
                         for g in range(max(n_groups, 1)):
@@ -258,11 +272,12 @@ def _over_blocks(
                             gq_rows = _shift(q_rows, g * GROUP)
                             g_at = b_at + g * GROUP * step
                             if direct:
+                                hints = (source, far_at, far_next, head_lines)
                                 _tile(count, span, False, pw, g_rows, q, gq_rows, source, g_at,
-                                      b_next, step, depth)  # fmt: skip
+                                      b_next, step, depth, hints)  # fmt: skip
                             else:
                                 _tile(count, span, False, pw, g_rows, q, gq_rows, buf, g_at,
-                                      b_next, step, depth)  # fmt: skip
+                                      b_next, step, depth, None)  # fmt: skip
                     c += span * TILE_COLS
         b += blocks
 
@@ -384,7 +399,7 @@ def _attend(
         # depends on the tile, and a token's sum must not (they only add zeros to its lanes; a
         # vectorized loop's order would depend on its length).
         fma_tile(1, 1, False, lanes, _ZEROS, ones, _ZEROS, p, r * n_keys, TILE_COLS, TILE_COLS,
-                 n_keys // TILE_COLS)  # fmt: skip
+                 n_keys // TILE_COLS, None)  # fmt: skip
         total = _sum_lanes(lanes)
         m_kept[at, i, g] = mx
         l_kept[at, i, g] = total

@@ -285,19 +285,20 @@ def prefetch(typingctx, a, i):
     rate (a streaming kernel read half as fast with L1 hints as with L2 ones)."""
 
     def codegen(context, builder, sig, args):
-        ptr = builder.bitcast(
-            _ptr(context, builder, sig.args[0], args[0], args[1]), _I8.as_pointer()
-        )
-        fn = builder.module.declare_intrinsic(
-            "llvm.prefetch",
-            [ptr.type],
-            ir.FunctionType(ir.VoidType(), [ptr.type, _I32, _I32, _I32]),
-        )
-        read, cache = ir.Constant(_I32, 0), ir.Constant(_I32, 1)  # a read, of data
-        builder.call(fn, [ptr, read, ir.Constant(_I32, PREFETCH_LOCALITY), cache])
+        _hint(builder, _ptr(context, builder, sig.args[0], args[0], args[1]))
         return context.get_dummy_value()
 
     return types.void(a, i), codegen
+
+
+def _hint(builder, ptr):
+    # llvm.prefetch of the bytes at ptr (see prefetch)
+    ptr = builder.bitcast(ptr, _I8.as_pointer())
+    fn = builder.module.declare_intrinsic(
+        "llvm.prefetch", [ptr.type], ir.FunctionType(ir.VoidType(), [ptr.type, _I32, _I32, _I32])
+    )
+    read, cache = ir.Constant(_I32, 0), ir.Constant(_I32, 1)  # a read, of data
+    builder.call(fn, [ptr, read, ir.Constant(_I32, PREFETCH_LOCALITY), cache])
 
 
 @intrinsic
@@ -696,7 +697,9 @@ _TILE_B = {types.float32: _F32, types.uint16: _I16, types.int8: _I8}
 
 
 @intrinsic
-def fma_tile(typingctx, rows, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth):
+def fma_tile(
+    typingctx, rows, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth, hints
+):
     """For r < rows (a literal, 1 to 8), with c_r, a_r the r-th of the offsets c_rows, a_rows
     (8-tuples: the ones past `rows` are not read), and column tiles j < cols (a literal, 1 or 2)
     of 16 columns each:
@@ -704,6 +707,9 @@ def fma_tile(typingctx, rows, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, 
     b[b_at + j * b_next + k * b_step : ... + 16], one fused multiply-add per k, in order of k,
     starting from c's values where add (a literal bool) is true, from 0 otherwise. b_next is 16
     where b's column tiles are adjacent; two blocks of keys far apart in a cache take one tile.
+    hints: None, or (h, first, second, split), an array and offsets in it: step k also
+    prefetches (see prefetch) the 64-byte line k of h from first for k < split, else line
+    k - split from second; a later block's lines, a few at a time rather than in one burst.
 
     A rows x w register tile (a vector accumulator per row and 16 columns, no horizontal sums):
     each output lane is its own chain, so its bits depend neither on the other rows and columns
@@ -718,7 +724,7 @@ def fma_tile(typingctx, rows, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, 
     n_rows, n_cols = rows.literal_value, cols.literal_value
 
     def codegen(context, builder, sig, args):
-        _, _, _, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth = args
+        _, _, _, c, c_rows, a, a_rows, b, b_at, b_next, b_step, depth, hints = args
         c_offs = [builder.extract_value(c_rows, r) for r in range(n_rows)]
         a_offs = [builder.extract_value(a_rows, r) for r in range(n_rows)]
         vec = _vec(_F32, TILE_COLS)
@@ -737,6 +743,19 @@ def fma_tile(typingctx, rows, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, 
         lanes = [
             _f32_lanes(builder, builder.gep(b_data, [builder.add(b_row, j)]), elem) for j in b_cols
         ]
+        if hinted:
+            fields = [builder.extract_value(hints, j) for j in range(4)]
+            first, second, split = (
+                context.cast(builder, v, t, types.intp)
+                for v, t in zip(fields[1:], sig.args[12][1:], strict=True)
+            )
+            h_data = context.make_array(sig.args[12][0])(context, builder, fields[0]).data
+            # elements of h in a 64-byte cache line
+            line = ir.Constant(k.type, 64 // context.get_abi_sizeof(h_data.type.pointee))
+            in_first = builder.icmp_signed("<", k, split)
+            line_k = builder.select(in_first, k, builder.sub(k, split))
+            at = builder.add(builder.select(in_first, first, second), builder.mul(line_k, line))
+            _hint(builder, builder.gep(h_data, [at]))
         new = []
         for r, a_r in enumerate(a_offs):
             x = _splat(builder, builder.load(builder.gep(a_data, [builder.add(a_r, k)])), TILE_COLS)
@@ -748,4 +767,12 @@ def fma_tile(typingctx, rows, cols, add, c, c_rows, a, a_rows, b, b_at, b_next, 
         return context.get_dummy_value()
 
     i, offsets = types.intp, types.UniTuple(types.intp, MAX_TILE_ROWS)
-    return types.void(rows, cols, add, c, offsets, a, offsets, b, i, i, i, i), codegen
+    hinted = not isinstance(hints, types.NoneType)
+    if hinted and not (
+        isinstance(hints, types.BaseTuple)
+        and len(hints) == 4
+        and isinstance(hints[0], types.Array)
+        and all(isinstance(t, types.Integer) for t in hints[1:])
+    ):
+        return None
+    return types.void(rows, cols, add, c, offsets, a, offsets, b, i, i, i, i, hints), codegen
