@@ -47,6 +47,7 @@ from .kv_store import (
     held_shape,
     in_place,
     k_shape,
+    line_hints,
     prefetch_heads,
     put,
     rotation,
@@ -208,6 +209,7 @@ def _over_blocks(
     pair = not values and direct and COL_TILES == 2 and width == TILE_COLS
     # A head of a float16 block is as many lines as a keys tile has steps (two blocks of 16 keys
     # and head dim d: d lines, d steps), or a values tile (16 steps a pair of column tiles).
+    # (spread holds exactly where kv_store.line_hints gives hints: a float16 cache.)
     spread = direct and n_groups == 0 and source.itemsize == 2
     head_lines = block * source.itemsize // LINE
     b = b_start
@@ -259,7 +261,7 @@ def _over_blocks(
                         if n_groups:
                             w_rows = _shift(w_rows, (c // GROUP) * rows_all * n_keys)
                         if direct:
-                            hints = (source, far_at + c * bs, far_at + c * bs, bs)
+                            hints = line_hints(cache, far_at + c * bs, far_at + c * bs, bs)
                             _tile(count, span, True, out, o_rows, pw, w_rows, source, b_at,
                                   b_next, step, bs, hints)  # fmt: skip
                         else:
@@ -272,7 +274,7 @@ def _over_blocks(
                             gq_rows = _shift(q_rows, g * GROUP)
                             g_at = b_at + g * GROUP * step
                             if direct:
-                                hints = (source, far_at, far_next, head_lines)
+                                hints = line_hints(cache, far_at, far_next, head_lines)
                                 _tile(count, span, False, pw, g_rows, q, gq_rows, source, g_at,
                                       b_next, step, depth, hints)  # fmt: skip
                             else:

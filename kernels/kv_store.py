@@ -344,6 +344,19 @@ def _in_place_impl(cache, buf):
     return lambda cache, buf: (False, buf)
 
 
+def line_hints(cache, first, second, split):
+    """-> simd.fma_tile's hints over a float16 cache read in place, (cache, first, second,
+    split): a line a step of its tiles (see attention._over_blocks); None for the other caches,
+    which take prefetch_heads before each head instead."""
+
+
+@overload(line_hints)
+def _line_hints_impl(cache, first, second, split):
+    if isinstance(cache, types.Array) and cache.dtype == types.uint16:
+        return lambda cache, first, second, split: (cache, first, second, split)
+    return lambda cache, first, second, split: None
+
+
 def prefetch_heads(cache, blk, h0, h1):
     """Hint that heads h0..h1-1 of block blk will be read soon."""
 
