@@ -36,7 +36,6 @@ import numpy as np
 from numba import njit, prange
 
 from .activations import exp_f32
-from .block_matmul import LINE
 from .hadamard import hadamard_
 from .kv_store import (
     GROUP,
@@ -56,7 +55,7 @@ from .kv_store import (
 )
 from .norm import _norm_row
 from .rope import rope_cos_sin, rope_rotate
-from .simd import COL_TILES, MAX_TILE_ROWS, TILE_COLS, TILE_ROWS, fma_tile, row_max
+from .simd import COL_TILES, LINE, MAX_TILE_ROWS, TILE_COLS, TILE_ROWS, fma_tile, row_max
 
 TILE = 16
 # Every chunk's softmax state costs a fixed share (buffers, a merge, the first block's misses),
@@ -209,8 +208,7 @@ def _over_blocks(
     pair = not values and direct and COL_TILES == 2 and width == TILE_COLS
     # A head of a float16 block is as many lines as a keys tile has steps (two blocks of 16 keys
     # and head dim d: d lines, d steps), or a values tile (16 steps a pair of column tiles).
-    # (spread holds exactly where kv_store.line_hints gives hints: a float16 cache.)
-    spread = direct and n_groups == 0 and source.itemsize == 2
+    spread = direct and line_hints(cache, 0, 0, 0) is not None
     head_lines = block * source.itemsize // LINE
     b = b_start
     while b < b_end:

@@ -21,7 +21,7 @@ from numba import carray, njit, prange
 
 from .act_quant import quantize_rows
 from .floatbits import HALF_TABLE, opaque_one
-from .simd import LANES, VNNI_512, local_f32, prefetch
+from .simd import LANES, LINE, VNNI_512, local_f32, prefetch
 
 ROWS = 4  # written out in the loops below
 ACC_SLOTS = ROWS * LANES
@@ -32,7 +32,6 @@ SHARED_ROWS = 8  # activation rows, at most, that share one unpacking of each we
 SHARED_FROM = 3
 SHARED_SLOTS = SHARED_ROWS * ACC_SLOTS
 SHARED_SUMS = SHARED_ROWS * ROWS
-LINE = 64  # bytes per prefetch: a cache line on every target we support
 
 
 # flat: uint8[size] -> prefetch flat[start : start + nbytes], one span of a stream of adjacent

@@ -31,13 +31,14 @@ from numba import config, njit, prange, types
 from numba.extending import intrinsic
 
 from .act_quant import _quantize_block
-from .block_matmul import LINE, PartsKernel, row_offset
+from .block_matmul import PartsKernel, row_offset
 from .cache_stamp import remembered
 from .simd import (
     _F32,
     _I16,
     _I32,
     LANES,
+    LINE,
     VEC_LANES,
     _lane_sum,
     _pair_sums,

@@ -21,8 +21,7 @@ from numba import njit
 from numba.core import types
 from numba.extending import overload
 
-from .block_matmul import LINE
-from .simd import F16_MASK, F16_REBIAS, F16_SHIFT, prefetch
+from .simd import F16_MASK, F16_REBIAS, F16_SHIFT, LINE, prefetch
 
 # Values per float16 scale of a quantized cache: ggml's QK8_0 = QK4_0 (kv_cache.QUANT_GROUP).
 GROUP = 32

@@ -9,9 +9,9 @@ import numpy as np
 from numba import njit, prange
 
 from . import threads
-from .block_matmul import LINE, Fused, PartsKernel, row_offset
+from .block_matmul import Fused, PartsKernel, row_offset
 from .int8_gemm import ENABLED as INT8_ENABLED
-from .simd import DOT_COLS, DOT_ROWS, dot_tile, prefetch
+from .simd import DOT_COLS, DOT_ROWS, LINE, dot_tile, prefetch
 from .weight import QuantWeight, stack, stack_rows
 
 # Rows of W dequantized per BLAS call in the large-n path: a float32 tile of about this many bytes

@@ -273,6 +273,7 @@ def _accumulate_bytes(builder, lanes, q, x, minus, scale, one):
 
 # llvm.prefetch's locality for every hint: 2, into L2 (prefetcht1 on x86, PLDL2KEEP on aarch64)
 PREFETCH_LOCALITY = 2
+LINE = 64  # bytes per prefetch: a cache line on every target we support
 
 
 @intrinsic
@@ -708,7 +709,7 @@ def fma_tile(
     starting from c's values where add (a literal bool) is true, from 0 otherwise. b_next is 16
     where b's column tiles are adjacent; two blocks of keys far apart in a cache take one tile.
     hints: None, or (h, first, second, split), an array and offsets in it: step k also
-    prefetches (see prefetch) the 64-byte line k of h from first for k < split, else line
+    prefetches (see prefetch) line k (LINE bytes) of h from first for k < split, else line
     k - split from second; a later block's lines, a few at a time rather than in one burst.
 
     A rows x w register tile (a vector accumulator per row and 16 columns, no horizontal sums):
@@ -750,8 +751,7 @@ def fma_tile(
                 for v, t in zip(fields[1:], sig.args[12][1:], strict=True)
             )
             h_data = context.make_array(sig.args[12][0])(context, builder, fields[0]).data
-            # elements of h in a 64-byte cache line
-            line = ir.Constant(k.type, 64 // context.get_abi_sizeof(h_data.type.pointee))
+            line = ir.Constant(k.type, LINE // context.get_abi_sizeof(h_data.type.pointee))
             in_first = builder.icmp_signed("<", k, split)
             line_k = builder.select(in_first, k, builder.sub(k, split))
             at = builder.add(builder.select(in_first, first, second), builder.mul(line_k, line))
